@@ -1,0 +1,43 @@
+# gemshal / gemsops: set-up, demo and tests.
+#
+# `make demo` and `make test` create .venv on first use and install the project.
+# Where torch and triton are already importable (a GPU box), the venv sees them
+# (--system-site-packages) and they are kept; elsewhere the CPU build of torch
+# 2.13.0 and triton 3.9.0 are installed (triton 3.6 needs numpy < 2.4 for its
+# interpreter; 3.9 works with numpy 2.4).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.gemshal-installed
+TORCH_CPU := torch==2.13.0
+TRITON_CPU := triton==3.9.0
+
+.PHONY: demo test check lint typing bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	@if $(PYTHON) -c "import torch, triton" 2>/dev/null; then \
+		echo "gemshal: torch and triton found, keeping them"; \
+		$(PYTHON) -m venv --system-site-packages $(VENV); \
+	else \
+		$(PYTHON) -m venv $(VENV) && \
+		$(PY) -m pip install -q --upgrade pip && \
+		$(PY) -m pip install -q $(TORCH_CPU) $(TRITON_CPU); \
+	fi
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m gemsops demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m mypy
+	$(PY) -m ruff check gemshal gemsops tests
+	$(PY) -m ruff format --check gemshal
+
+bench: $(STAMP)
+	$(PY) -m gemsops bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
