@@ -1,0 +1,362 @@
+"""The current device: lazy resolution, the Device record, and device_guard.
+
+Nothing here runs at import. The first call that needs the vendor resolves it once
+per process (thread-safe) and caches it; :func:`select` replaces that choice.
+When the ``cpu`` vendor is chosen, Triton's interpreter is switched on before any
+kernel module is imported, so kernels run on CPU tensors with no setting by hand.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import threading
+import warnings
+from types import ModuleType, TracebackType
+from typing import Any
+
+import attrs
+import torch
+
+from gemshal.detect import Detection, TraceStep, detect
+from gemshal.errors import DeviceGuardError, DeviceNotFoundError
+from gemshal.probe import LiveFacts
+from gemshal.registry import vendor
+from gemshal.vendor import Arch, VendorInfo
+
+__all__ = [
+    "Device",
+    "DeviceGuard",
+    "current_device",
+    "current_vendor",
+    "detection_trace",
+    "device_guard",
+    "device_module",
+    "get_device",
+    "select",
+]
+
+
+@attrs.frozen
+class Device:
+    """One device as gemsops sees it.
+
+    Attributes:
+        vendor: The vendor record.
+        torch_device: The torch device (``cuda:0``, ``cpu``).
+        index: The device index (0 on the CPU).
+        count: How many devices of this vendor the process sees.
+        name: The device's marketing name.
+        arch: The architecture (compute capability on NVIDIA, gfx name on AMD...).
+        warp_size: Threads per warp or wavefront.
+        multiprocessor_count: Streaming multiprocessors / compute units (CPU cores on the CPU).
+        total_memory: Device memory in bytes.
+        interpreter: True when kernels run on the Triton interpreter.
+    """
+
+    vendor: VendorInfo
+    torch_device: torch.device
+    index: int
+    count: int
+    name: str
+    arch: Arch
+    warp_size: int
+    multiprocessor_count: int
+    total_memory: int
+    interpreter: bool
+
+    def as_dict(self) -> dict[str, object]:
+        """The record as plain JSON-ready values."""
+        return {
+            "vendor": self.vendor.name,
+            "torch_device": str(self.torch_device),
+            "index": self.index,
+            "count": self.count,
+            "name": self.name,
+            "arch": self.arch.name,
+            "arch_tag": self.arch.tag,
+            "capability": list(self.arch.capability) if self.arch.capability else None,
+            "warp_size": self.warp_size,
+            "multiprocessor_count": self.multiprocessor_count,
+            "total_memory": self.total_memory,
+            "interpreter": self.interpreter,
+        }
+
+
+class _State:
+    """Everything resolution decides, swapped in one assignment."""
+
+    __slots__ = ("count", "detection", "device_type", "module", "devices")
+
+    def __init__(self, detection: Detection, module: Any, count: int) -> None:
+        self.detection = detection
+        self.module = module
+        self.device_type = detection.vendor.device_type
+        self.count = count
+        self.devices: dict[int, Device] = {}
+
+
+_LOCK = threading.RLock()
+_STATE: _State | None = None
+_EXPLICIT: str | None = None
+
+
+def _use_interpreter() -> None:
+    # Triton reads TRITON_INTERPRET when @triton.jit is applied, so this must happen
+    # before gemsops imports its kernel modules; setting the knob covers an
+    # already-imported triton, the variable covers child processes.
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton
+
+    triton.knobs.runtime.interpret = True
+
+
+def _load_module(info: VendorInfo) -> Any:
+    if info.torch_module:
+        importlib.import_module(info.torch_module)
+    if info.is_cpu:
+        return torch.cpu
+    module = getattr(torch, info.device_module_name or info.device_type, None)
+    if module is None:
+        raise DeviceNotFoundError(
+            f"vendor {info.name!r} expects torch.{info.device_module_name}, which this torch "
+            f"({torch.__version__}) does not have"
+        )
+    return module
+
+
+def _install(detection: Detection, module: Any | None = None) -> _State:
+    global _STATE
+    info = detection.vendor
+    if info.is_cpu:
+        _use_interpreter()
+        if detection.fell_back:
+            warnings.warn(
+                "gemshal: no accelerator found; gemsops kernels run on the CPU through the "
+                "Triton interpreter (slow). Set GEMS_VENDOR to choose a vendor.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+    mod = _load_module(info) if module is None else module
+    count = 1 if info.is_cpu else int(mod.device_count())
+    state = _State(detection, mod, count)
+    _STATE = state
+    return state
+
+
+def _state() -> _State:
+    state = _STATE
+    if state is not None:
+        return state
+    with _LOCK:
+        if _STATE is not None:
+            return _STATE
+        found = detect(facts=LiveFacts(), env=os.environ, explicit=_EXPLICIT)
+        return _install(found)
+
+
+def select(name: str) -> VendorInfo:
+    """Choose the vendor explicitly, overriding ``GEMS_VENDOR`` and the probes.
+
+    Call it before gemsops kernels are first used: kernels already compiled for one
+    vendor are not rebuilt.
+
+    Raises:
+        UnknownVendorError: ``name`` is not registered (the message lists the known names).
+    """
+    global _EXPLICIT
+    with _LOCK:
+        info = vendor(name)
+        _EXPLICIT = name
+        _install(detect(facts=LiveFacts(), env=os.environ, explicit=name))
+    return info
+
+
+def current_vendor() -> VendorInfo:
+    """The vendor of this process, resolving it on first use."""
+    return _state().detection.vendor
+
+
+def detection_trace() -> tuple[TraceStep, ...]:
+    """Every step detection took, in order, with what it saw and why."""
+    return _state().detection.trace
+
+
+def detection() -> Detection:
+    """The full detection outcome: vendor, deciding stage and trace."""
+    return _state().detection
+
+
+def device_module() -> Any:
+    """The vendor's torch device module (``torch.cuda``, ``torch.npu``, ``torch.cpu``...)."""
+    return _state().module
+
+
+def _describe(state: _State, index: int) -> Device:
+    info = state.detection.vendor
+    if info.is_cpu:
+        pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+        return Device(
+            vendor=info,
+            torch_device=torch.device("cpu"),
+            index=0,
+            count=1,
+            name=platform.processor() or platform.machine() or "cpu",
+            arch=Arch(name=platform.machine() or "cpu"),
+            warp_size=1,
+            multiprocessor_count=os.cpu_count() or 1,
+            total_memory=int(pages) * int(os.sysconf("SC_PAGE_SIZE")) if pages else 0,
+            interpreter=True,
+        )
+    props = state.module.get_device_properties(index)
+    major, minor = getattr(props, "major", None), getattr(props, "minor", None)
+    gcn = getattr(props, "gcnArchName", None)
+    if gcn:
+        arch = Arch(name=str(gcn))
+    elif isinstance(major, int) and isinstance(minor, int) and major > 0:
+        arch = Arch.from_capability(major, minor)
+    else:
+        arch = Arch(name=str(getattr(props, "name", info.name)))
+    return Device(
+        vendor=info,
+        torch_device=torch.device(info.device_type, index),
+        index=index,
+        count=state.count,
+        name=str(getattr(props, "name", info.display_name)),
+        arch=arch,
+        warp_size=int(getattr(props, "warp_size", 0) or info.warp_size),
+        multiprocessor_count=int(getattr(props, "multi_processor_count", 0) or 0),
+        total_memory=int(getattr(props, "total_memory", 0) or 0),
+        interpreter=False,
+    )
+
+
+def get_device(index: int) -> Device:
+    """The record of device ``index`` of the current vendor.
+
+    Raises:
+        DeviceNotFoundError: no such index (the message gives the valid range).
+    """
+    state = _state()
+    cached = state.devices.get(index)
+    if cached is not None:
+        return cached
+    if not 0 <= index < state.count:
+        raise DeviceNotFoundError(
+            f"device index {index} does not exist; {state.detection.vendor.name} has "
+            f"{state.count} device(s): 0..{state.count - 1}"
+        )
+    device = _describe(state, index)
+    state.devices[index] = device
+    return device
+
+
+def current_device() -> Device:
+    """The current device of this process's vendor (resolving the vendor on first use)."""
+    state = _state()
+    index = 0 if state.detection.vendor.is_cpu else int(state.module.current_device())
+    return get_device(index)
+
+
+class DeviceGuard:
+    """Makes a device current for a ``with`` block and restores the previous one after.
+
+    Construct it with :func:`device_guard`. Re-entrant use of one instance is not
+    supported; nest separate guards instead.
+    """
+
+    __slots__ = ("_index", "_module", "_previous")
+
+    def __init__(self, index: int | None, module: Any) -> None:
+        self._index = index
+        self._module = module
+        self._previous: int | None = None
+
+    def __enter__(self) -> DeviceGuard:
+        index = self._index
+        if index is None:
+            return self
+        previous = self._module.current_device()
+        if previous != index:
+            self._module.set_device(index)
+            self._previous = previous
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        previous = self._previous
+        if previous is not None:
+            self._previous = None
+            self._module.set_device(previous)
+
+
+def _index_of(device: object, state: _State) -> int | None:
+    kind = type(device)
+    if kind is torch.device:
+        dev: torch.device = device  # type: ignore[assignment]
+    elif kind is int:
+        index: int = device  # type: ignore[assignment]
+        if index < 0:
+            raise DeviceGuardError(f"device index must be >= 0; got {index}")
+        dev = torch.device(state.device_type, index) if state.device_type != "cpu" else _CPU
+    elif isinstance(device, str):
+        try:
+            dev = torch.device(device)
+        except RuntimeError as exc:
+            raise DeviceGuardError(f"not a device: {device!r} ({exc})") from None
+    elif isinstance(device, torch.Tensor):
+        dev = device.device
+    elif isinstance(device, torch.device):
+        dev = device
+    else:
+        raise DeviceGuardError(
+            f"device_guard takes a torch.device, a tensor, an int or a str; "
+            f"got {type(device).__name__}: {device!r}"
+        )
+    if dev.type == "cpu":
+        return None
+    if dev.type != state.device_type:
+        raise DeviceGuardError(
+            f"device {str(dev)!r} is not a {state.detection.vendor.name} device; "
+            f"this process runs on {state.device_type!r} (and 'cpu')"
+        )
+    if dev.index is not None and dev.index >= state.count:
+        raise DeviceGuardError(
+            f"device {str(dev)!r} does not exist; valid indices are 0..{state.count - 1}"
+        )
+    return dev.index
+
+
+_CPU = torch.device("cpu")
+_NO_GUARD = DeviceGuard(None, None)  # shared: entering and leaving it does nothing
+
+
+def device_guard(device: torch.device | torch.Tensor | int | str) -> DeviceGuard:
+    """A context manager that makes ``device`` current and restores the previous device.
+
+    Accepts a ``torch.device``, a tensor (its device), an index, or a string such as
+    ``"cuda:1"``. It restores on exceptions too, nests, and costs next to nothing when
+    the device is the CPU or already current.
+
+    Raises:
+        DeviceGuardError: the value is not a device of this vendor, or its index is out
+            of range (the message names the value and the valid ones).
+    """
+    state = _STATE or _state()
+    index = _index_of(device, state)
+    if index is None:
+        return _NO_GUARD
+    return DeviceGuard(index, state.module)
+
+
+def _reset() -> None:
+    """Forget the resolution and any explicit choice (tests only)."""
+    global _STATE, _EXPLICIT
+    with _LOCK:
+        _STATE = None
+        _EXPLICIT = None

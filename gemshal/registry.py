@@ -1,0 +1,169 @@
+"""The vendor registry: the built-in vendors plus out-of-tree plugins.
+
+A plugin is an installed package with an entry point in the group
+``gemshal.vendors``. The entry point names either a :class:`VendorInfo` or a
+callable returning one. Plugins are discovered on first use of the registry,
+never at import. A plugin that fails to load is remembered with its error: it
+appears in :func:`plugin_failures`, in the detection trace and in
+``gemshal vendors``, and asking for it by name re-raises that error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import threading
+
+import attrs
+
+from gemshal.errors import GemshalError, UnknownVendorError
+from gemshal.vendor import VendorInfo
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginFailure",
+    "plugin_failures",
+    "register_vendor",
+    "vendor",
+    "vendor_names",
+    "vendors",
+]
+
+ENTRY_POINT_GROUP = "gemshal.vendors"
+
+
+@attrs.frozen
+class PluginFailure:
+    """An out-of-tree vendor whose entry point could not be loaded."""
+
+    name: str
+    entry_point: str
+    error: BaseException
+
+    def describe(self) -> str:
+        """One line: the plugin, where it points, and what went wrong."""
+        return (
+            f"plugin {self.name!r} ({self.entry_point}) failed to load: "
+            f"{type(self.error).__name__}: {self.error}"
+        )
+
+
+@attrs.define
+class _Registry:
+    vendors: dict[str, VendorInfo] = attrs.field(factory=dict)
+    sources: dict[str, str] = attrs.field(factory=dict)
+    failures: dict[str, PluginFailure] = attrs.field(factory=dict)
+    loaded: bool = False
+
+
+_LOCK = threading.RLock()
+_STATE = _Registry()
+
+
+def _add(info: VendorInfo, source: str) -> None:
+    if not isinstance(info, VendorInfo):
+        raise TypeError(f"{source} gave {type(info).__name__}, expected a gemshal.VendorInfo")
+    existing = _STATE.vendors.get(info.name)
+    if existing is not None:
+        raise GemshalError(
+            f"vendor name {info.name!r} from {source} is already registered "
+            f"by {_STATE.sources[info.name]}"
+        )
+    _STATE.vendors[info.name] = info
+    _STATE.sources[info.name] = source
+
+
+def _load_plugin(ep: importlib.metadata.EntryPoint) -> None:
+    source = f"plugin {ep.value}"
+    try:
+        target = ep.load()
+        info = target() if callable(target) and not isinstance(target, VendorInfo) else target
+        if isinstance(info, VendorInfo) and info.name != ep.name:
+            raise GemshalError(
+                f"entry point {ep.name!r} returned a vendor named {info.name!r}; "
+                "the entry point's name must equal the vendor's name"
+            )
+        _add(info, source)
+    except Exception as exc:  # noqa: BLE001 - recorded, shown in the trace, re-raised on use
+        _STATE.failures[ep.name] = PluginFailure(ep.name, ep.value, exc)
+
+
+def _ensure_loaded() -> None:
+    if _STATE.loaded:
+        return
+    with _LOCK:
+        if _STATE.loaded:
+            return
+        from gemshal.vendors import BUILTIN
+
+        for info in BUILTIN:
+            if info.name not in _STATE.vendors:
+                _add(info, "gemshal (built-in)")
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            _load_plugin(ep)
+        _STATE.loaded = True
+
+
+def register_vendor(info: VendorInfo, *, source: str = "register_vendor()") -> VendorInfo:
+    """Add a vendor at run time (plugins normally use the entry point instead).
+
+    Raises:
+        GemshalError: a vendor of that name is already registered.
+    """
+    _ensure_loaded()
+    with _LOCK:
+        _add(info, source)
+    return info
+
+
+def vendor(name: str) -> VendorInfo:
+    """The registered vendor called ``name``.
+
+    Raises:
+        UnknownVendorError: no such vendor; the message lists the known names.
+        Exception: the plugin registered under ``name`` failed to load; its
+            original error is re-raised.
+    """
+    _ensure_loaded()
+    found = _STATE.vendors.get(name)
+    if found is not None:
+        return found
+    failure = _STATE.failures.get(name)
+    if failure is not None:
+        error = failure.error
+        error.add_note(f"gemshal: raised while loading vendor plugin {name!r} ({failure.entry_point})")
+        raise error
+    known = sorted(_STATE.vendors)
+    close = difflib.get_close_matches(str(name), known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise UnknownVendorError(f"unknown vendor {name!r}; known vendors: {', '.join(known)}.{hint}")
+
+
+def vendors() -> tuple[VendorInfo, ...]:
+    """Every registered vendor: built-ins in detection order, then plugins."""
+    _ensure_loaded()
+    return tuple(_STATE.vendors.values())
+
+
+def vendor_names() -> tuple[str, ...]:
+    """The names of every registered vendor, in registry order."""
+    return tuple(v.name for v in vendors())
+
+
+def vendor_source(name: str) -> str:
+    """Where a registered vendor came from (built-in, or the plugin's entry point)."""
+    vendor(name)
+    return _STATE.sources[name]
+
+
+def plugin_failures() -> tuple[PluginFailure, ...]:
+    """Plugins that failed to load, with their errors."""
+    _ensure_loaded()
+    return tuple(_STATE.failures.values())
+
+
+def _reset() -> None:
+    """Forget everything (tests only): the next use reloads built-ins and plugins."""
+    with _LOCK:
+        global _STATE
+        _STATE = _Registry()

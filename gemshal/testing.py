@@ -1,0 +1,79 @@
+"""Test helpers: a fake accelerator so device code is testable without hardware.
+
+``fake_vendor()`` registers a vendor whose device module records every
+``set_device`` call, selects it, and restores the previous resolution on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import attrs
+
+from gemshal import device as _device
+from gemshal import registry as _registry
+from gemshal.detect import Detection, TraceStep
+from gemshal.vendor import VendorInfo
+
+__all__ = ["FakeDeviceModule", "fake_vendor"]
+
+
+@attrs.define
+class FakeDeviceModule:
+    """Stands in for ``torch.cuda`` and friends: tracks the current index and every switch."""
+
+    count: int = 2
+    current: int = 0
+    switches: list[int] = attrs.field(factory=list)
+
+    def device_count(self) -> int:
+        """How many fake devices there are."""
+        return self.count
+
+    def current_device(self) -> int:
+        """The fake current index."""
+        return self.current
+
+    def set_device(self, index: int) -> None:
+        """Switch the fake current index, recording the switch."""
+        if not 0 <= index < self.count:
+            raise RuntimeError(f"invalid device ordinal {index}")
+        self.switches.append(index)
+        self.current = index
+
+    def synchronize(self, device: object = None) -> None:
+        """Nothing to wait for."""
+
+
+@contextlib.contextmanager
+def fake_vendor(
+    name: str = "fakegpu", *, device_type: str = "meta", count: int = 2
+) -> Iterator[FakeDeviceModule]:
+    """Make a fake vendor current for the ``with`` block.
+
+    ``device_type`` defaults to ``meta`` so torch can build ``torch.device`` values
+    for it without any backend. Yields the fake device module.
+    """
+    info = VendorInfo(
+        name=name,
+        display_name=f"Fake ({name})",
+        device_type=device_type,
+        dispatch_key="Meta",
+        triton_backends=(name,),
+    )
+    module = FakeDeviceModule(count=count)
+    saved_state, saved_explicit = _device._STATE, _device._EXPLICIT
+    registry_state = _registry._STATE
+    _registry._ensure_loaded()
+    if name not in _registry._STATE.vendors:
+        _registry.register_vendor(info, source="gemshal.testing.fake_vendor")
+    step = TraceStep("explicit", "chosen", "gemshal.testing.fake_vendor", name)
+    _device._install(Detection(_registry.vendor(name), "explicit", (step,)), module)
+    try:
+        yield module
+    finally:
+        _device._STATE, _device._EXPLICIT = saved_state, saved_explicit
+        _registry._STATE.vendors.pop(name, None)
+        _registry._STATE.sources.pop(name, None)
+        del registry_state

@@ -1,0 +1,141 @@
+"""The vendor record, its capability flags, and the architecture value.
+
+A :class:`VendorInfo` describes one accelerator vendor as torch and Triton see
+it. Records are frozen and compare by identity: the registry holds exactly one
+per vendor, so ``vendor("nvidia") is vendor("nvidia")``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    from gemshal.probe import Claim, Facts
+
+__all__ = ["Arch", "Capabilities", "Probe", "VendorInfo"]
+
+Probe = Callable[["Facts"], "Claim | None"]
+"""A vendor's in-process probe: looks at the facts, returns a claim or None."""
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_DIST_BACKENDS = ("nccl", "rccl", "xccl", "hccl", "cncl", "mccl", "bkcl", "gloo")
+
+
+def _check_name(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{attribute.name} must be lower-case letters, digits or '_', "
+            f"starting with a letter; got {value!r}"
+        )
+
+
+def _check_nonempty_strs(
+    _inst: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+) -> None:
+    if not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{attribute.name} must be a non-empty tuple of names; got {value!r}")
+
+
+@attrs.frozen
+class Capabilities:
+    """Which data types the vendor's Triton backend handles natively."""
+
+    fp64: bool = True
+    bf16: bool = True
+    int64: bool = True
+    fp8: bool = False
+
+
+@attrs.frozen(eq=False)
+class VendorInfo:
+    """One accelerator vendor: how torch, Triton and torch.distributed name it.
+
+    Attributes:
+        name: Registry key, e.g. ``"nvidia"``.
+        display_name: Human-readable name, e.g. ``"NVIDIA"``.
+        device_type: The torch device type, e.g. ``"cuda"``, ``"npu"``, ``"cpu"``.
+        dispatch_key: The dispatch key aten kernels register under, e.g. ``"CUDA"``.
+        triton_backends: Names of the Triton backends (``target.backend``) that
+            mean this vendor, e.g. ``("cuda",)``.
+        torch_module: Extension module that adds the device to torch
+            (``"torch_npu"``), or None when torch has it built in.
+        device_module_name: Attribute of ``torch`` holding the device runtime
+            (``"cuda"`` for ``torch.cuda``, ``"npu"`` for ``torch.npu``).
+        visible_devices_env: Environment variable that limits visible devices.
+        dist_backend: The torch.distributed backend name for this vendor.
+        capabilities: Data types the backend handles natively.
+        command_probe: A command that lists this vendor's devices, run only when
+            ``GEMS_PROBE_COMMANDS=1``.
+        probe: The in-process probe, or None for vendors only chosen explicitly.
+        tune_dirs: Extra directories of tuning files this vendor ships (plugins).
+        warp_size: Threads per warp/wavefront when the runtime does not say.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    display_name: str = attrs.field(validator=attrs.validators.min_len(1))
+    device_type: str = attrs.field(validator=_check_name)
+    dispatch_key: str = attrs.field(validator=attrs.validators.min_len(1))
+    triton_backends: tuple[str, ...] = attrs.field(
+        converter=tuple, validator=_check_nonempty_strs
+    )
+    torch_module: str | None = None
+    device_module_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
+    visible_devices_env: str | None = None
+    dist_backend: str = attrs.field(default="gloo", validator=attrs.validators.in_(_DIST_BACKENDS))
+    capabilities: Capabilities = attrs.field(factory=Capabilities)
+    command_probe: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    probe: Probe | None = attrs.field(default=None, repr=False)
+    tune_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    warp_size: int = attrs.field(default=32, validator=attrs.validators.gt(0))
+
+    @property
+    def is_cpu(self) -> bool:
+        """True for the vendor that runs kernels on the CPU through the Triton interpreter."""
+        return self.device_type == "cpu"
+
+    def as_dict(self) -> dict[str, object]:
+        """The record as plain JSON-ready values (the probe is given by name)."""
+        out: dict[str, object] = {}
+        for field in attrs.fields(VendorInfo):
+            value = getattr(self, field.name)
+            if field.name == "probe":
+                value = None if value is None else getattr(value, "__qualname__", repr(value))
+            elif isinstance(value, Capabilities):
+                value = attrs.asdict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[field.name] = value
+        return out
+
+
+@attrs.frozen
+class Arch:
+    """A device architecture.
+
+    NVIDIA-style devices carry a compute ``capability`` such as ``(9, 0)``;
+    others carry a ``name`` such as ``"gfx942"`` or ``"ascend910b"``.
+    ``tag`` is the short form used in tuning-file names (``"sm90"``, ``"gfx942"``).
+    """
+
+    name: str = attrs.field(validator=attrs.validators.instance_of(str))
+    capability: tuple[int, int] | None = None
+
+    @classmethod
+    def from_capability(cls, major: int, minor: int) -> Arch:
+        """The architecture of an NVIDIA-style device with compute capability ``major.minor``."""
+        return cls(name=f"sm{major}{minor}", capability=(major, minor))
+
+    @property
+    def tag(self) -> str:
+        """File-name form: ``sm90`` for capability (9, 0), else the lower-cased name."""
+        name = self.name.split(":", 1)[0].strip().lower()
+        return re.sub(r"[^a-z0-9_]+", "-", name).strip("-") or "unknown"
+
+    def __str__(self) -> str:
+        if self.capability is not None:
+            return f"{self.tag} (capability {self.capability[0]}.{self.capability[1]})"
+        return self.name

@@ -1,0 +1,22 @@
+"""NVIDIA: Uses torch"s built-in CUDA runtime; the probe reads torch.cuda but starts no subprocess."""
+
+from __future__ import annotations
+
+from gemshal.vendors import _probes
+from gemshal.vendor import Capabilities, VendorInfo
+
+VENDOR = VendorInfo(
+    name="nvidia",
+    display_name="NVIDIA",
+    device_type="cuda",
+    dispatch_key="CUDA",
+    triton_backends=("cuda",),
+    torch_module=None,
+    device_module_name="cuda",
+    visible_devices_env="CUDA_VISIBLE_DEVICES",
+    dist_backend="nccl",
+    capabilities=Capabilities(fp8=True),
+    command_probe=("nvidia-smi", "-L"),
+    probe=_probes.nvidia,
+    warp_size=32,
+)

@@ -1,0 +1,1 @@
+"""Op families, one module each: private kernels, typed host functions, an IMPLS table."""

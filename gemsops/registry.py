@@ -1,0 +1,253 @@
+"""The table of aten overloads gemsops serves, and their registration with torch.
+
+Registration goes through one ``torch.library.Library("aten", "IMPL")`` at the
+current vendor's dispatch key. Before overriding an overload, torch's own kernel at
+that key is captured with ``torch.library.get_kernel``: an input a gemsops kernel
+does not handle (it raises :class:`~gemsops.errors.Unsupported`) is passed to that
+kernel and counted. Dropping the Library object restores torch's kernels exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import attrs
+import torch
+
+import gemshal
+from gemsops.errors import UnknownOpError, Unsupported
+
+__all__ = [
+    "OP_MODULES",
+    "CallRecord",
+    "base_name",
+    "disable",
+    "enable",
+    "implementations",
+    "known_ops",
+    "record",
+    "registered_ops",
+    "resolve_names",
+    "use_gems",
+]
+
+OP_MODULES = (
+    "gemsops.ops.pointwise",
+    "gemsops.ops.fill",
+    "gemsops.ops.reduce",
+    "gemsops.ops.softmax",
+    "gemsops.ops.norm",
+    "gemsops.ops.matmul",
+    "gemsops.ops.embedding",
+    "gemsops.ops.loss",
+)
+"""Op modules, imported on first use (after gemshal has resolved the device)."""
+
+_LOCK = threading.RLock()
+_IMPLS: dict[str, Callable[..., Any]] | None = None
+
+
+def implementations() -> dict[str, Callable[..., Any]]:
+    """Every aten overload gemsops implements, mapped to its implementation.
+
+    The first call resolves the device (which switches on the Triton interpreter on a
+    CPU-only machine) and then imports the kernel modules.
+    """
+    global _IMPLS
+    if _IMPLS is not None:
+        return _IMPLS
+    with _LOCK:
+        if _IMPLS is None:
+            gemshal.current_device()
+            table: dict[str, Callable[..., Any]] = {}
+            for name in OP_MODULES:
+                module = importlib.import_module(name)
+                for overload, fn in module.IMPLS.items():
+                    if overload in table:
+                        raise RuntimeError(f"{overload} is implemented twice ({name})")
+                    table[overload] = fn
+            _IMPLS = table
+    return _IMPLS
+
+
+def base_name(overload: str) -> str:
+    """The op an overload belongs to: ``add_.Tensor`` and ``add.out`` both give ``add``."""
+    name = overload.split(".", 1)[0]
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+def known_ops() -> tuple[str, ...]:
+    """Every name enable() accepts: op names and exact overloads, sorted."""
+    overloads = implementations()
+    return tuple(sorted({base_name(o) for o in overloads} | set(overloads)))
+
+
+def resolve_names(names: Iterable[str]) -> frozenset[str]:
+    """Turn op names (``"add"``) and overloads (``"add.Tensor"``) into overloads.
+
+    Raises:
+        UnknownOpError: a name gemsops does not implement (the message lists close matches).
+    """
+    overloads = implementations()
+    out: set[str] = set()
+    for name in names:
+        if name in overloads:
+            out.add(name)
+            continue
+        matched = {o for o in overloads if base_name(o) == name}
+        if not matched:
+            close = difflib.get_close_matches(name, known_ops(), n=5)
+            hint = f"; close matches: {', '.join(close)}" if close else ""
+            raise UnknownOpError(f"gemsops implements no op named {name!r}{hint}")
+        out |= matched
+    return frozenset(out)
+
+
+@attrs.define
+class CallRecord:
+    """Per aten overload: calls served by gemsops, and calls handed to torch with the reason."""
+
+    served: Counter[str] = attrs.field(factory=Counter)
+    fallbacks: Counter[tuple[str, str]] = attrs.field(factory=Counter)
+
+    def fallback_ops(self) -> dict[str, list[str]]:
+        """Overload -> the distinct reasons it was handed back to torch."""
+        out: dict[str, list[str]] = {}
+        for op, reason in self.fallbacks:
+            out.setdefault(op, []).append(reason)
+        return out
+
+
+_RECORDS: list[CallRecord] = []
+
+
+@contextlib.contextmanager
+def record() -> Iterator[CallRecord]:
+    """Count, inside the block, which aten calls gemsops served and which it handed back."""
+    rec = CallRecord()
+    _RECORDS.append(rec)
+    try:
+        yield rec
+    finally:
+        _RECORDS.remove(rec)
+
+
+def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[..., Any]:
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out = fn(*args, **kwargs)
+        except Unsupported as why:
+            for rec in _RECORDS:
+                rec.fallbacks[(overload, why.reason)] += 1
+            return original.call_boxed(keyset, *args, **kwargs)
+        for rec in _RECORDS:
+            rec.served[overload] += 1
+        return out
+
+    kernel.__name__ = f"gemsops_{overload.replace('.', '_')}"
+    return kernel
+
+
+@attrs.frozen
+class _Active:
+    overloads: frozenset[str]
+    library: Any = attrs.field(eq=False)
+    key: tuple[frozenset[str], frozenset[str] | None]
+
+
+_ACTIVE: _Active | None = None
+
+
+def _vendor_unused() -> frozenset[str]:
+    from gemshal import tune
+
+    return frozenset(tune.unused_ops())
+
+
+def _select(unused: Iterable[str], include: Iterable[str] | None) -> frozenset[str]:
+    overloads = implementations()
+    chosen = frozenset(overloads) if include is None else resolve_names(include)
+    dropped = resolve_names(set(unused) | _vendor_unused())
+    return chosen - dropped
+
+
+def _register(overloads: frozenset[str]) -> Any:
+    impls = implementations()
+    key = gemshal.current_vendor().dispatch_key
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        # torch warns once that a kernel is overridden: that is the point of enable().
+        warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
+        for overload in sorted(overloads):
+            original = torch.library.get_kernel(f"aten::{overload}", key)
+            library.impl(overload, _wrap(overload, impls[overload], original), key, with_keyset=True)
+    return library
+
+
+def enable(*, unused: Iterable[str] = (), include: Iterable[str] | None = None) -> frozenset[str]:
+    """Serve aten ops with gemsops kernels at the current vendor's dispatch key.
+
+    Args:
+        unused: Op names or overloads to leave to torch, added to the vendor's own list.
+        include: If given, only these op names or overloads are served.
+
+    Returns:
+        The aten overloads now served.
+
+    Enabling again with the same arguments changes nothing; with other arguments the
+    registration is replaced.
+    """
+    global _ACTIVE
+    with _LOCK:
+        unused_set = frozenset(unused)
+        include_set = None if include is None else frozenset(include)
+        key = (unused_set, include_set)
+        if _ACTIVE is not None and _ACTIVE.key == key:
+            return _ACTIVE.overloads
+        overloads = _select(unused_set, include_set)
+        disable()
+        _ACTIVE = _Active(overloads, _register(overloads), key)
+        return overloads
+
+
+def disable() -> None:
+    """Give every aten op back to torch's own kernels."""
+    global _ACTIVE
+    with _LOCK:
+        if _ACTIVE is not None:
+            _ACTIVE.library._destroy()
+            _ACTIVE = None
+
+
+def registered_ops() -> tuple[str, ...]:
+    """The aten overloads gemsops serves right now, sorted."""
+    active = _ACTIVE
+    return () if active is None else tuple(sorted(active.overloads))
+
+
+@contextlib.contextmanager
+def use_gems(
+    *, unused: Iterable[str] = (), include: Iterable[str] | None = None
+) -> Iterator[frozenset[str]]:
+    """Serve aten ops with gemsops inside the block; leave torch as it was found on exit.
+
+    Nests: leaving an inner block restores the outer block's registration.
+    """
+    with _LOCK:
+        previous = _ACTIVE
+        served = enable(unused=unused, include=include)
+    try:
+        yield served
+    finally:
+        with _LOCK:
+            if previous is None:
+                disable()
+            elif _ACTIVE is None or _ACTIVE.key != previous.key:
+                enable(unused=previous.key[0], include=previous.key[1])

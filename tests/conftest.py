@@ -1,0 +1,62 @@
+"""Shared fixtures: device resolution before kernel modules load, and isolation helpers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import gemshal
+from gemshal import device as _device
+from gemshal import registry as _registry
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+# CI profile: small and quick on 2 CPU cores through the interpreter. The gpu profile
+# (GEMSOPS_HYPOTHESIS_PROFILE=gpu, with GEMSOPS_TEST_MAX_NUMEL raised) draws more.
+settings.register_profile(
+    "ci",
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=True,
+)
+settings.register_profile(
+    "gpu",
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("GEMSOPS_HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Resolve the device before any test module imports kernel modules: on a CPU-only
+    # machine this switches Triton to its interpreter, as gemsops itself does.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        gemshal.current_device()
+
+
+@pytest.fixture
+def isolated() -> Iterator[None]:
+    """Run a test with fresh gemshal state; put the session's state back afterwards."""
+    saved = (_device._STATE, _device._EXPLICIT, _registry._STATE)
+    _device._reset()
+    _registry._reset()
+    try:
+        yield
+    finally:
+        _device._STATE, _device._EXPLICIT, _registry._STATE = saved
+
+
+@pytest.fixture
+def plugins(monkeypatch: pytest.MonkeyPatch, isolated: None) -> Path:
+    """Make the test plugin distributions (a working one and a broken one) installed."""
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    return PLUGINS

@@ -1,0 +1,151 @@
+"""current_device(), select() and device_guard(), on the CPU and on a fake accelerator."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import gemshal
+from gemshal import DeviceGuardError, DeviceNotFoundError
+from gemshal import detect as detect_module
+from gemshal import device as device_module
+from gemshal.testing import fake_vendor
+
+
+def test_cpu_device_record_describes_the_interpreter(isolated: None) -> None:
+    """On a machine without accelerators the device is the CPU, run by the interpreter."""
+    with pytest.warns(RuntimeWarning, match="interpreter"):
+        dev = gemshal.current_device()
+    assert dev.vendor is gemshal.vendor("cpu")
+    assert dev.torch_device == torch.device("cpu")
+    assert dev.interpreter and dev.count == 1 and dev.multiprocessor_count >= 1
+    assert gemshal.current_device() is dev
+
+
+def test_cpu_fallback_switches_triton_to_its_interpreter(isolated: None) -> None:
+    """Choosing the cpu vendor turns on Triton's interpreter before kernels are decorated."""
+    import triton
+
+    gemshal.select("cpu")
+    assert triton.knobs.runtime.interpret is True
+
+
+def test_first_resolution_from_many_threads_happens_once(
+    isolated: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sixteen threads asking at once trigger exactly one detection."""
+    calls = []
+    real = detect_module.detect
+    barrier = threading.Barrier(16)
+
+    def counting_detect(**kwargs: object) -> detect_module.Detection:
+        calls.append(1)
+        return real(facts=gemshal.StaticFacts(), env={}, explicit="cpu")
+
+    monkeypatch.setattr(device_module, "detect", counting_detect)
+    seen: list[gemshal.Device] = []
+
+    def worker() -> None:
+        barrier.wait()
+        seen.append(gemshal.current_device())
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert len(seen) == 16 and all(d is seen[0] for d in seen)
+
+
+def test_select_unknown_vendor_names_the_valid_ones(isolated: None) -> None:
+    """select() with a typo raises UnknownVendorError listing the vendors."""
+    with pytest.raises(gemshal.UnknownVendorError, match="nvidia"):
+        gemshal.select("nvdia")
+
+
+def test_guard_on_cpu_is_a_no_op() -> None:
+    """Guarding a CPU device, tensor or string changes nothing and returns the shared guard."""
+    guards = {
+        id(gemshal.device_guard(x))
+        for x in (torch.device("cpu"), torch.zeros(1), "cpu", 0)
+    }
+    assert len(guards) == 1
+
+
+def test_guard_switches_and_restores_a_fake_device() -> None:
+    """A guard sets the requested index and restores the previous one on exit."""
+    with fake_vendor(count=4) as mod:
+        with gemshal.device_guard(2):
+            assert mod.current == 2
+        assert mod.current == 0
+        assert mod.switches == [2, 0]
+
+
+def test_guard_restores_on_exception() -> None:
+    """An exception inside the block still restores the previous device."""
+    with fake_vendor(count=4) as mod:
+        with pytest.raises(KeyError), gemshal.device_guard(torch.device("meta", 3)):
+            assert mod.current == 3
+            raise KeyError("boom")
+        assert mod.current == 0
+
+
+def test_guard_for_the_current_index_does_not_switch() -> None:
+    """Guarding the device that is already current makes no set_device call."""
+    with fake_vendor(count=2) as mod:
+        with gemshal.device_guard("meta:0"):
+            pass
+        assert mod.switches == []
+
+
+@given(st.lists(st.integers(0, 3), max_size=6), st.integers(0, 3))
+def test_any_nesting_of_guards_restores_the_start(path: list[int], start: int) -> None:
+    """Property: any nesting of guards leaves the starting index current, level by level."""
+    with fake_vendor(count=4) as mod:
+        mod.current = start
+
+        def nest(level: int) -> None:
+            if level == len(path):
+                return
+            before = mod.current
+            with gemshal.device_guard(path[level]):
+                assert mod.current == path[level]
+                nest(level + 1)
+                assert mod.current == path[level]
+            assert mod.current == before
+
+        nest(0)
+        assert mod.current == start
+
+
+def test_guard_rejects_bad_values_naming_them() -> None:
+    """Foreign device types, negative or out-of-range indices and odd types are errors."""
+    with fake_vendor(count=2):
+        with pytest.raises(DeviceGuardError, match="'cuda:0'.*not a fakegpu device"):
+            gemshal.device_guard("cuda:0")
+        with pytest.raises(DeviceGuardError, match="valid indices are 0..1"):
+            gemshal.device_guard(5)
+        with pytest.raises(DeviceGuardError, match=">= 0"):
+            gemshal.device_guard(-1)
+        with pytest.raises(DeviceGuardError, match="float"):
+            gemshal.device_guard(1.5)  # type: ignore[arg-type]
+        with pytest.raises(DeviceGuardError, match="not a device"):
+            gemshal.device_guard("gpu-one")
+
+
+def test_device_records_out_of_range_is_an_error() -> None:
+    """get_device with a bad index names the valid range."""
+    with fake_vendor(count=2), pytest.raises(DeviceNotFoundError, match=r"0\.\.1"):
+        gemshal.get_device(7)
+
+
+def test_device_module_is_the_vendors_module() -> None:
+    """device_module() hands out the vendor's runtime module (a fake one here)."""
+    with fake_vendor(count=3) as mod:
+        assert gemshal.device_module() is mod
+    assert gemshal.device_module() is torch.cpu
