@@ -94,7 +94,7 @@ def _ensure_loaded() -> None:
     with _LOCK:
         if _STATE.loaded:
             return
-        from gemshal.vendors import BUILTIN
+        from gemshal.platforms import BUILTIN
 
         for info in BUILTIN:
             if info.name not in _STATE.vendors:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from gemshal.vendors import _probes
+from gemshal.platforms import _probes
 from gemshal.vendor import Capabilities, VendorInfo
 
 VENDOR = VendorInfo(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gemshal.vendors import _probes
+from gemshal.platforms import _probes
 from gemshal.vendor import Capabilities, VendorInfo
 
 VENDOR = VendorInfo(

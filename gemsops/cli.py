@@ -1,0 +1,75 @@
+"""``gemsops`` command line: ``demo``, ``ops`` and ``bench``.
+
+Bad arguments print a usage message and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+import attrs
+
+import gemshal
+from gemshal.errors import GemshalError
+from gemsops.errors import GemsopsError
+
+__all__ = ["main"]
+
+# Demo sizes: small enough for the Triton interpreter on a laptop, real on a GPU.
+_CPU_SIZES = {"batch": 2, "seq": 16, "vocab": 256, "dim": 64, "heads": 4, "hidden": 128}
+_GPU_SIZES = {"batch": 8, "seq": 512, "vocab": 32000, "dim": 1024, "heads": 16, "hidden": 2816}
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gemsops import demo
+
+    dev = gemshal.current_device()
+    sizes = _CPU_SIZES if dev.interpreter else _GPU_SIZES
+    report = demo.run_demo(**sizes)
+    if args.json:
+        print(json.dumps(attrs.asdict(report), indent=2))
+    else:
+        demo.print_report(report)
+    return 0
+
+
+def _ops(args: argparse.Namespace) -> int:
+    from gemsops import registry
+
+    impls = registry.implementations()
+    if args.json:
+        print(json.dumps(sorted(impls), indent=2))
+        return 0
+    by_op: dict[str, list[str]] = {}
+    for overload in sorted(impls):
+        by_op.setdefault(registry.base_name(overload), []).append(overload)
+    for op, overloads in by_op.items():
+        print(f"{op:<28} {', '.join(overloads)}")
+    print(f"{len(by_op)} ops, {len(impls)} aten overloads")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gemsops", description="Triton kernels for aten ops.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    demo = sub.add_parser("demo", help="a decoder block, forward and backward, with and without gemsops")
+    demo.add_argument("--json", action="store_true", help="machine-readable output")
+    demo.set_defaults(run=_demo)
+    ops = sub.add_parser("ops", help="the aten ops and overloads gemsops implements")
+    ops.add_argument("--json", action="store_true", help="machine-readable output")
+    ops.set_defaults(run=_ops)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except (GemshalError, GemsopsError) as exc:
+        print(f"gemsops: error: {exc}", file=sys.stderr)
+        return 1
+    return code
