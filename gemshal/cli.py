@@ -11,6 +11,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+import attrs
+
 from gemshal import device as _device
 from gemshal import registry as _registry
 from gemshal.errors import GemshalError
@@ -38,7 +40,7 @@ def _info(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
         return 0
     v = dev.vendor
-    caps = ", ".join(k for k, on in v.as_dict()["capabilities"].items() if on)  # type: ignore[union-attr]
+    caps = ", ".join(k for k, on in attrs.asdict(v.capabilities).items() if on)
     rows = [
         ("device", f"{dev.torch_device} ({dev.index + 1} of {dev.count})"),
         ("name", dev.name),

@@ -107,7 +107,7 @@ class _Run:
                 continue
             try:
                 claim = info.probe(self.facts)
-            except Exception as exc:  # noqa: BLE001 - a faulty plugin probe is reported, not fatal
+            except Exception as exc:
                 self.note("probe", "error", f"probe raised {type(exc).__name__}: {exc}", info.name)
                 continue
             if claim is None:
@@ -120,7 +120,7 @@ class _Run:
     def triton(self) -> Detection | None:
         try:
             backend = self.facts.triton_backend()
-        except Exception as exc:  # noqa: BLE001 - "no driver" is an answer, recorded in the trace
+        except Exception as exc:
             self.note("triton", "declined", f"no active Triton driver ({exc})")
             return None
         if backend is None:
@@ -197,5 +197,7 @@ def detect(
         if found is not None:
             return found
     cpu = vendor("cpu")
-    run.note("fallback", "chosen", "no accelerator found; kernels run on the Triton interpreter", "cpu")
+    run.note(
+        "fallback", "chosen", "no accelerator found; kernels run on the Triton interpreter", "cpu"
+    )
     return Detection(cpu, "fallback", tuple(run.trace))

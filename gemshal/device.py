@@ -13,7 +13,7 @@ import os
 import platform
 import threading
 import warnings
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import attrs
@@ -87,7 +87,7 @@ class Device:
 class _State:
     """Everything resolution decides, swapped in one assignment."""
 
-    __slots__ = ("count", "detection", "device_type", "module", "devices")
+    __slots__ = ("count", "detection", "device_type", "devices", "module")
 
     def __init__(self, detection: Detection, module: Any, count: int) -> None:
         self.detection = detection

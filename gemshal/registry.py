@@ -84,15 +84,19 @@ def _load_plugin(ep: importlib.metadata.EntryPoint) -> None:
                 "the entry point's name must equal the vendor's name"
             )
         _add(info, source)
-    except Exception as exc:  # noqa: BLE001 - recorded, shown in the trace, re-raised on use
+    except Exception as exc:
         _STATE.failures[ep.name] = PluginFailure(ep.name, ep.value, exc)
 
 
+def _loaded() -> bool:
+    return _STATE.loaded
+
+
 def _ensure_loaded() -> None:
-    if _STATE.loaded:
+    if _loaded():
         return
     with _LOCK:
-        if _STATE.loaded:
+        if _loaded():  # another thread finished loading while this one waited
             return
         from gemshal.platforms import BUILTIN
 
@@ -131,7 +135,9 @@ def vendor(name: str) -> VendorInfo:
     failure = _STATE.failures.get(name)
     if failure is not None:
         error = failure.error
-        error.add_note(f"gemshal: raised while loading vendor plugin {name!r} ({failure.entry_point})")
+        error.add_note(
+            f"gemshal: raised while loading vendor plugin {name!r} ({failure.entry_point})"
+        )
         raise error
     known = sorted(_STATE.vendors)
     close = difflib.get_close_matches(str(name), known, n=1)

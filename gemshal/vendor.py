@@ -8,7 +8,7 @@ per vendor, so ``vendor("nvidia") is vendor("nvidia")``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -23,6 +23,10 @@ Probe = Callable[["Facts"], "Claim | None"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _DIST_BACKENDS = ("nccl", "rccl", "xccl", "hccl", "cncl", "mccl", "bkcl", "gloo")
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
 
 
 def _check_name(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -79,17 +83,15 @@ class VendorInfo:
     display_name: str = attrs.field(validator=attrs.validators.min_len(1))
     device_type: str = attrs.field(validator=_check_name)
     dispatch_key: str = attrs.field(validator=attrs.validators.min_len(1))
-    triton_backends: tuple[str, ...] = attrs.field(
-        converter=tuple, validator=_check_nonempty_strs
-    )
+    triton_backends: tuple[str, ...] = attrs.field(converter=_str_tuple, validator=_check_nonempty_strs)
     torch_module: str | None = None
     device_module_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     visible_devices_env: str | None = None
     dist_backend: str = attrs.field(default="gloo", validator=attrs.validators.in_(_DIST_BACKENDS))
     capabilities: Capabilities = attrs.field(factory=Capabilities)
-    command_probe: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    command_probe: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     probe: Probe | None = attrs.field(default=None, repr=False)
-    tune_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    tune_dirs: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     warp_size: int = attrs.field(default=32, validator=attrs.validators.gt(0))
 
     @property

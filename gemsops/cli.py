@@ -55,7 +55,9 @@ def _ops(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gemsops", description="Triton kernels for aten ops.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    demo = sub.add_parser("demo", help="a decoder block, forward and backward, with and without gemsops")
+    demo = sub.add_parser(
+        "demo", help="a decoder block, forward and backward, with and without gemsops"
+    )
     demo.add_argument("--json", action="store_true", help="machine-readable output")
     demo.set_defaults(run=_demo)
     ops = sub.add_parser("ops", help="the aten ops and overloads gemsops implements")

@@ -160,8 +160,10 @@ def print_report(report: DemoReport) -> None:
     print(f"  loss            torch {report.loss_torch:.6f}   gemsops {report.loss_gemsops:.6f}")
     print(f"  max |loss diff| {abs(report.loss_torch - report.loss_gemsops):.3e}")
     print(f"  max |grad diff| {report.max_grad_diff:.3e}")
-    print(f"  step time       torch {report.seconds_torch * 1e3:.1f} ms   "
-          f"gemsops {report.seconds_gemsops * 1e3:.1f} ms")
+    print(
+        f"  step time       torch {report.seconds_torch * 1e3:.1f} ms   "
+        f"gemsops {report.seconds_gemsops * 1e3:.1f} ms"
+    )
     print(f"served by gemsops ({len(report.served)} aten ops):")
     for op, n in report.served.items():
         print(f"  {op:<40} {n} call(s)")

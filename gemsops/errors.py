@@ -13,7 +13,7 @@ class UnknownOpError(GemsopsError, LookupError):
     """An op name given to enable()/use_gems() is not one gemsops implements."""
 
 
-class Unsupported(GemsopsError):  # noqa: N818 - a signal, not a failure
+class Unsupported(GemsopsError):
     """An input a gemsops kernel does not handle; the call goes to torch's own kernel.
 
     Raised by op implementations *before* they touch any output, with a short

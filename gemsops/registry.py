@@ -187,7 +187,9 @@ def _register(overloads: frozenset[str]) -> Any:
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
         for overload in sorted(overloads):
             original = torch.library.get_kernel(f"aten::{overload}", key)
-            library.impl(overload, _wrap(overload, impls[overload], original), key, with_keyset=True)
+            library.impl(
+                overload, _wrap(overload, impls[overload], original), key, with_keyset=True
+            )
     return library
 
 

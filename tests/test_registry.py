@@ -74,7 +74,9 @@ def test_vendor_record_validates_fields() -> None:
             triton_backends=("x",),
         )  # fmt: skip
     with pytest.raises(ValueError, match="triton_backends"):
-        VendorInfo(name="ok", display_name="x", device_type="x", dispatch_key="X", triton_backends=())
+        VendorInfo(
+            name="ok", display_name="x", device_type="x", dispatch_key="X", triton_backends=()
+        )
     with pytest.raises(ValueError):
         VendorInfo(
             name="ok", display_name="x", device_type="x", dispatch_key="X",

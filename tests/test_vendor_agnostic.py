@@ -42,7 +42,11 @@ def _violations(path: Path) -> list[str]:
             names = [a.name for a in node.names]
             if isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module, *(f"{node.module}.{n}" for n in names)]
-            found += [f"{path.name}:{node.lineno}: import {n}" for n in names if FORBIDDEN_IMPORTS.match(n)]
+            found += [
+                f"{path.name}:{node.lineno}: import {n}"
+                for n in names
+                if FORBIDDEN_IMPORTS.match(n)
+            ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             words = set(re.findall(r"[a-z]+", node.value.lower()))
             hits = words & (vendor_names | device_types)
@@ -54,9 +58,13 @@ def _violations(path: Path) -> list[str]:
 def _is_docstring(tree: ast.AST, const: ast.Constant) -> bool:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
-            if body[0].value is const:
-                return True
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and body[0].value is const
+        ):
+            return True
     return False
 
 
@@ -72,8 +80,7 @@ def test_the_check_catches_a_violation(tmp_path: Path) -> None:
     """The scanner itself flags torch.cuda use, a driver import and a vendor name."""
     bad = tmp_path / "bad.py"
     bad.write_text(
-        "import torch\nfrom triton.runtime import driver\n"
-        "torch.cuda.synchronize()\nx = 'nvidia'\n"
+        "import torch\nfrom triton.runtime import driver\ntorch.cuda.synchronize()\nx = 'nvidia'\n"
     )
     problems = _violations(bad)
     assert len(problems) == 3

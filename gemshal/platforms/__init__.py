@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from gemshal.vendor import VendorInfo
-from gemshal.platforms.nvidia import VENDOR as _nvidia
 from gemshal.platforms.amd import VENDOR as _amd
-from gemshal.platforms.intel import VENDOR as _intel
 from gemshal.platforms.ascend import VENDOR as _ascend
 from gemshal.platforms.cambricon import VENDOR as _cambricon
-from gemshal.platforms.mthreads import VENDOR as _mthreads
-from gemshal.platforms.metax import VENDOR as _metax
-from gemshal.platforms.iluvatar import VENDOR as _iluvatar
-from gemshal.platforms.kunlunxin import VENDOR as _kunlunxin
-from gemshal.platforms.hygon import VENDOR as _hygon
 from gemshal.platforms.cpu import VENDOR as _cpu
+from gemshal.platforms.hygon import VENDOR as _hygon
+from gemshal.platforms.iluvatar import VENDOR as _iluvatar
+from gemshal.platforms.intel import VENDOR as _intel
+from gemshal.platforms.kunlunxin import VENDOR as _kunlunxin
+from gemshal.platforms.metax import VENDOR as _metax
+from gemshal.platforms.mthreads import VENDOR as _mthreads
+from gemshal.platforms.nvidia import VENDOR as _nvidia
+from gemshal.vendor import VendorInfo
 
 BUILTIN: tuple[VendorInfo, ...] = (
     _nvidia,
@@ -28,4 +28,4 @@ BUILTIN: tuple[VendorInfo, ...] = (
     _hygon,
     _cpu,
 )
-"""Every built-in vendor. Look-alikes are listed so no CUDA device is taken for NVIDIA by order alone."""
+"""Every built-in vendor; each CUDA look-alike's probe excludes the others, not the order."""

@@ -1,4 +1,8 @@
-"""CPU (Triton interpreter): The fallback: kernels run on CPU tensors through the Triton interpreter. Never probed; chosen explicitly or when nothing else claims the machine."""
+"""CPU (Triton interpreter).
+
+The fallback: kernels run on CPU tensors through the Triton interpreter. Never probed;
+chosen explicitly or when nothing else claims the machine.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,13 @@
-"""Hygon: Hygon DCUs run a ROCm torch (torch.version.hip set); the device name tells them apart from AMD."""
+"""Hygon.
+
+Hygon DCUs run a ROCm torch (torch.version.hip set); the device name tells them apart from
+AMD.
+"""
 
 from __future__ import annotations
 
 import functools
+
 from gemshal.platforms import _probes
 from gemshal.vendor import Capabilities, VendorInfo
 

@@ -1,8 +1,12 @@
-"""Iluvatar CoreX: Iluvatar CoreX GPUs report device type "cuda"; the device name tells them apart."""
+"""Iluvatar CoreX.
+
+Iluvatar CoreX GPUs report device type "cuda"; the device name tells them apart.
+"""
 
 from __future__ import annotations
 
 import functools
+
 from gemshal.platforms import _probes
 from gemshal.vendor import Capabilities, VendorInfo
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+
 from gemshal.platforms import _probes
 from gemshal.vendor import Capabilities, VendorInfo
 

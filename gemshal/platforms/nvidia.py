@@ -1,4 +1,7 @@
-"""NVIDIA: Uses torch"s built-in CUDA runtime; the probe reads torch.cuda but starts no subprocess."""
+"""NVIDIA.
+
+Uses torch"s built-in CUDA runtime; the probe reads torch.cuda but starts no subprocess.
+"""
 
 from __future__ import annotations
 

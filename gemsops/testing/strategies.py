@@ -20,8 +20,8 @@ __all__ = [
     "broadcast_pair",
     "dims_for",
     "shapes",
-    "tensors",
     "target_device",
+    "tensors",
 ]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -52,12 +52,21 @@ def shapes(
     dims: list[int] = []
     for _ in range(rank):
         budget = max(1, limit // max(1, math.prod(d for d in dims if d)))
-        dims.append(draw(st.sampled_from([0, 1, 2, 3, 5, 7, 16, 33, 64, 100, 127]).filter(
-            lambda d, b=budget: d <= b)) if budget < 128 else draw(st.integers(0, min(budget, 300))))
+        dims.append(
+            draw(
+                st.sampled_from([0, 1, 2, 3, 5, 7, 16, 33, 64, 100, 127]).filter(
+                    lambda d, b=budget: d <= b
+                )
+            )
+            if budget < 128
+            else draw(st.integers(0, min(budget, 300)))
+        )
     return tuple(dims)
 
 
-def _fill(draw: st.DrawFn, shape: Sequence[int], dtype: torch.dtype, specials: bool) -> torch.Tensor:
+def _fill(
+    draw: st.DrawFn, shape: Sequence[int], dtype: torch.dtype, specials: bool
+) -> torch.Tensor:
     seed = draw(st.integers(0, 2**31 - 1))
     gen = torch.Generator().manual_seed(seed)
     if dtype == torch.bool:
@@ -98,7 +107,9 @@ def tensors(
     """
     dtype = draw(st.sampled_from(list(dtypes)))
     shp = tuple(shape) if shape is not None else draw(shapes(min_rank=min_rank, max_rank=max_rank))
-    layout = draw(st.sampled_from(["contiguous", "transposed", "sliced"])) if layouts else "contiguous"
+    layout = (
+        draw(st.sampled_from(["contiguous", "transposed", "sliced"])) if layouts else "contiguous"
+    )
     if layout == "transposed" and len(shp) >= 2:
         base = _fill(draw, (*shp[:-2], shp[-1], shp[-2]), dtype, specials)
         return base.to(target_device()).transpose(-1, -2)
@@ -109,7 +120,9 @@ def tensors(
 
 
 @st.composite
-def broadcast_pair(draw: st.DrawFn, *, max_rank: int = 4) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def broadcast_pair(
+    draw: st.DrawFn, *, max_rank: int = 4
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Two shapes that broadcast together (some dims set to 1 or dropped on either side)."""
     full = draw(shapes(max_rank=max_rank))
     a, b = list(full), list(full)

@@ -1,0 +1,119 @@
+"""Serving aten ops: enable/disable/use_gems, names, the call record and fallbacks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import gemsops
+from gemsops import registry
+from gemsops.testing.strategies import target_device
+
+WATCHED = ("aten::add.Tensor", "aten::mul.Tensor", "aten::sum.dim_IntList", "aten::mm")
+
+
+def _dispatch_tables() -> dict[str, str]:
+    return {op: torch._C._dispatch_dump(op) for op in WATCHED}
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> Iterator[None]:
+    gemsops.disable()
+    yield
+    gemsops.disable()
+
+
+def test_use_gems_leaves_torch_exactly_as_found() -> None:
+    """After the block, every watched op's dispatch table is what it was before."""
+    before = _dispatch_tables()
+    with gemsops.use_gems() as served:
+        assert "add.Tensor" in served
+        assert _dispatch_tables() != before
+    assert _dispatch_tables() == before
+    assert gemsops.registered_ops() == ()
+
+
+def test_enabling_twice_registers_once() -> None:
+    """A second enable() with the same arguments changes nothing."""
+    first = gemsops.enable()
+    tables = _dispatch_tables()
+    second = gemsops.enable()
+    assert first == second
+    assert _dispatch_tables() == tables
+    gemsops.disable()
+    gemsops.disable()  # disabling twice is harmless
+    assert gemsops.registered_ops() == ()
+
+
+def test_nesting_restores_the_outer_registration() -> None:
+    """An inner use_gems(include=...) narrows; leaving it restores the outer set."""
+    with gemsops.use_gems():
+        outer = gemsops.registered_ops()
+        with gemsops.use_gems(include=["add"]):
+            inner = gemsops.registered_ops()
+            assert set(inner) == {o for o in outer if registry.base_name(o) == "add"}
+        assert gemsops.registered_ops() == outer
+    assert gemsops.registered_ops() == ()
+
+
+def test_op_name_covers_all_overloads_but_an_overload_only_itself() -> None:
+    """'add' covers add.Tensor, add_.Tensor, add.out; 'add.Tensor' means that one alone."""
+    every = registry.resolve_names(["add"])
+    assert {"add.Tensor", "add_.Tensor", "add.out"} <= every
+    assert registry.resolve_names(["add.Tensor"]) == {"add.Tensor"}
+    served = gemsops.enable(unused=["add"])
+    assert not any(registry.base_name(o) == "add" for o in served)
+    assert "mul.Tensor" in served
+
+
+def test_unknown_op_name_lists_close_matches() -> None:
+    """A misspelt op is an UnknownOpError suggesting the names it resembles."""
+    with pytest.raises(gemsops.UnknownOpError, match="'ad'.*add"):
+        gemsops.enable(unused=["ad"])
+    with pytest.raises(LookupError, match="no op named 'definitely_not_an_op'"):
+        gemsops.enable(include=["definitely_not_an_op"])
+
+
+def test_record_counts_served_calls_with_correct_results() -> None:
+    """Calls through torch inside use_gems are served by gemsops, counted, and correct."""
+    x = torch.arange(12.0, device=target_device()).reshape(3, 4)
+    expected = x.cpu() + 2 * x.cpu()
+    with gemsops.use_gems(), gemsops.record() as rec:
+        got = torch.add(x, x, alpha=2)
+    torch.testing.assert_close(got.cpu(), expected)
+    assert rec.served["add.Tensor"] == 1
+    assert not rec.fallbacks
+
+
+def test_unsupported_input_goes_to_torch_and_is_counted() -> None:
+    """A complex input is handed to torch's kernel, counted with its reason, and correct."""
+    z = torch.tensor([1 + 2j, 3 - 1j], device=target_device())
+    with gemsops.use_gems(), gemsops.record() as rec:
+        got = z + z
+    torch.testing.assert_close(got.cpu(), torch.tensor([2 + 4j, 6 - 2j]))
+    assert rec.served["add.Tensor"] == 0
+    reasons = rec.fallback_ops()["add.Tensor"]
+    assert reasons and all(isinstance(r, str) and r for r in reasons)
+
+
+def test_vendor_and_user_unused_lists_combine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ops named in the tune files' unused lists stay with torch, with the user's own."""
+    from gemshal import tune
+
+    user = tmp_path / "user.toml"
+    user.write_text('unused = ["mul"]\n')
+    monkeypatch.setenv("GEMS_TUNE_CONFIG", str(user))
+    tune.clear_cache()
+    try:
+        served = gemsops.enable(unused=["sub"])
+        assert not any(registry.base_name(o) in ("mul", "sub") for o in served)
+        assert "add.Tensor" in served
+    finally:
+        gemsops.disable()
+        monkeypatch.delenv("GEMS_TUNE_CONFIG")
+        tune.clear_cache()
