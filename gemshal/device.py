@@ -211,9 +211,11 @@ def _describe(state: _State, index: int) -> Device:
         )
     props = state.module.get_device_properties(index)
     major, minor = getattr(props, "major", None), getattr(props, "minor", None)
-    gcn = getattr(props, "gcnArchName", None)
-    if gcn:
-        arch = Arch(name=str(gcn))
+    # torch fills gcnArchName on CUDA builds too (with the marketing name), so only a
+    # gfx name counts as an AMD-style architecture; otherwise the capability decides.
+    gcn = str(getattr(props, "gcnArchName", "") or "")
+    if gcn.startswith("gfx"):
+        arch = Arch(name=gcn)
     elif isinstance(major, int) and isinstance(minor, int) and major > 0:
         arch = Arch.from_capability(major, minor)
     else:

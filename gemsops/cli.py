@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     ops = sub.add_parser("ops", help="the aten ops and overloads gemsops implements")
     ops.add_argument("--json", action="store_true", help="machine-readable output")
     ops.set_defaults(run=_ops)
+    from gemsops import bench
+
+    bench.add_parser(sub)
     return parser
 
 

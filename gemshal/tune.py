@@ -1,0 +1,309 @@
+"""Tuning configs: where the files are, which one wins for an op, and the cache.
+
+Op libraries register directories of TOML files with :func:`add_tune_dir`; each
+vendor may ship more in ``VendorInfo.tune_dirs``. For one op the first source
+that defines it wins, in this order (see docs/tuning.md):
+
+1. the user's file named by ``GEMS_TUNE_CONFIG``;
+2. ``<vendor>-<arch>.toml`` in each directory;
+3. ``<vendor>.toml`` in each directory;
+4. ``default.toml`` in each directory.
+
+Within one level the vendor's own directories come first, then registered
+directories in registration order: a directory registered later never outranks
+an earlier one. Nothing is read at import or registration; each file is read at
+most once per process, on the first lookup that needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+
+import attrs
+
+from gemshal.errors import ConfigError
+from gemshal.tune_format import (
+    LAUNCH_KEYS,
+    LEVELS,
+    OpTuning,
+    TuneConfig,
+    TuneFile,
+    TuneSource,
+    loads,
+)
+
+__all__ = [
+    "ENV_USER_FILE",
+    "LAUNCH_KEYS",
+    "LEVELS",
+    "OpTuning",
+    "TuneConfig",
+    "TuneContext",
+    "TuneSource",
+    "add_tune_dir",
+    "clear_cache",
+    "current_context",
+    "list_ops",
+    "lookup",
+    "search_path",
+    "unused_ops",
+]
+
+ENV_USER_FILE = "GEMS_TUNE_CONFIG"
+"""Environment variable naming the user's tuning file, which outranks all others."""
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _strs(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        raise TypeError(f"expected a sequence of strings, got {value!r}")
+    return tuple(os.fspath(v) for v in value)
+
+
+def _check_extra(_inst: object, _a: object, value: tuple[str, ...]) -> None:
+    bad = [k for k in value if not _NAME.match(k) or k in LAUNCH_KEYS]
+    if bad:
+        raise ValueError(
+            f"extra launch keys must be lower-case names other than {', '.join(LAUNCH_KEYS)}; "
+            f"got {bad!r}"
+        )
+
+
+@attrs.frozen
+class TuneContext:
+    """What a lookup depends on: the device and the user's file.
+
+    :func:`current_context` builds it from the current device; tests and tools
+    (``gemshal config --vendor``) build their own.
+
+    Attributes:
+        vendor: The vendor name, e.g. ``"nvidia"``.
+        arch: The architecture tag, e.g. ``"sm90"`` (``Arch.tag``).
+        interpreter: True when kernels run on the Triton interpreter.
+        vendor_dirs: The vendor's own tuning directories (``VendorInfo.tune_dirs``).
+        user_file: The user's file (``GEMS_TUNE_CONFIG``), or None.
+        extra_launch_keys: Lower-case launch keywords the vendor's Triton accepts
+            beyond ``num_warps``, ``num_stages``, ``num_ctas`` and ``maxnreg``.
+    """
+
+    vendor: str = attrs.field(validator=attrs.validators.matches_re(_NAME))
+    arch: str = attrs.field(validator=attrs.validators.min_len(1))
+    interpreter: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    vendor_dirs: tuple[str, ...] = attrs.field(default=(), converter=_strs)
+    user_file: str | None = None
+    extra_launch_keys: tuple[str, ...] = attrs.field(
+        default=(), converter=_strs, validator=_check_extra
+    )
+
+
+@attrs.frozen
+class _Dir:
+    path: Path
+    origin: str
+
+
+_LOCK = threading.RLock()
+_DIRS: list[_Dir] = []
+_FILES: dict[tuple[TuneSource, tuple[str, ...]], TuneFile | None] = {}
+# Bumped by clear_cache() and add_tune_dir(): kernels that resolved their configs
+# under an older generation resolve them again at their next launch.
+_GENERATION = 0
+
+
+def add_tune_dir(path: str | os.PathLike[str], *, origin: str) -> None:
+    """Put a directory of tuning files on the search path (reads nothing).
+
+    Registering a directory already on the path does nothing. Directories
+    registered later rank below earlier ones within each level.
+
+    Args:
+        path: The directory; a relative path is made absolute now.
+        origin: Who ships it, shown by ``gemshal config`` (e.g. ``"gemsops"``).
+
+    Raises:
+        ValueError: ``origin`` is empty.
+    """
+    global _GENERATION
+    if not isinstance(origin, str) or not origin:
+        raise ValueError(f"origin must be a non-empty string naming the package; got {origin!r}")
+    entry = _Dir(Path(os.path.abspath(os.fspath(path))), origin)
+    with _LOCK:
+        if all(d.path != entry.path for d in _DIRS):
+            _DIRS.append(entry)
+            _GENERATION += 1
+
+
+def clear_cache() -> None:
+    """Forget every file read; the next lookup reads them again (tests, tools)."""
+    global _GENERATION
+    with _LOCK:
+        _FILES.clear()
+        _GENERATION += 1
+
+
+def current_context() -> TuneContext:
+    """The context of the current device, with ``GEMS_TUNE_CONFIG`` read now.
+
+    This resolves the device (:func:`gemshal.device.current_device`) if nothing
+    has yet.
+    """
+    from gemshal import device as _device
+
+    dev = _device.current_device()
+    return TuneContext(
+        vendor=dev.vendor.name,
+        arch=dev.arch.tag,
+        interpreter=dev.interpreter,
+        vendor_dirs=dev.vendor.tune_dirs,
+        user_file=os.environ.get(ENV_USER_FILE) or None,
+    )
+
+
+TUNE_DIRS_GROUP = "gemshal.tune_dirs"
+"""Entry-point group through which installed packages declare their tuning directories."""
+_ENTRY_POINTS_LOADED = False
+
+
+def _load_entry_point_dirs() -> None:
+    """Add the directories installed packages declare (once; a broken one is an error)."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    with _LOCK:
+        if _ENTRY_POINTS_LOADED:
+            return
+        _ENTRY_POINTS_LOADED = True
+        import importlib.metadata
+
+        for ep in importlib.metadata.entry_points(group=TUNE_DIRS_GROUP):
+            try:
+                target = ep.load()
+            except Exception as exc:
+                raise ConfigError(
+                    f"tuning directory entry point {ep.name!r} ({ep.value}) failed to load: {exc}"
+                ) from exc
+            path = target() if callable(target) else target
+            add_tune_dir(path, origin=ep.name)
+
+
+def search_path(context: TuneContext | None = None) -> tuple[TuneSource, ...]:
+    """Every candidate file, highest precedence first, whether it exists or not.
+
+    Directories come from the vendor's ``tune_dirs``, :func:`add_tune_dir` and the
+    ``gemshal.tune_dirs`` entry-point group of installed packages.
+    """
+    _load_entry_point_dirs()
+    ctx = context or current_context()
+    dirs: list[_Dir] = [_Dir(Path(d).absolute(), f"vendor {ctx.vendor}") for d in ctx.vendor_dirs]
+    with _LOCK:
+        dirs += _DIRS
+    unique: list[_Dir] = []
+    for d in dirs:
+        if all(u.path != d.path for u in unique):
+            unique.append(d)
+    out: list[TuneSource] = []
+    if ctx.user_file:
+        out.append(TuneSource(Path(ctx.user_file).expanduser(), "user", ENV_USER_FILE))
+    names = {
+        "vendor-arch": f"{ctx.vendor}-{ctx.arch}.toml",
+        "vendor": f"{ctx.vendor}.toml",
+        "default": "default.toml",
+    }
+    for level, name in names.items():
+        out.extend(TuneSource(d.path / name, level, d.origin) for d in unique)
+    return tuple(out)
+
+
+def _read(path: Path) -> str | None:
+    # The one place files are read; tests count calls to prove nothing is read early.
+    if not path.is_file():
+        return None
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read tuning file: {exc}") from exc
+
+
+def _load(source: TuneSource, ctx: TuneContext) -> TuneFile | None:
+    key = (source, ctx.extra_launch_keys)
+    with _LOCK:
+        if key in _FILES:
+            return _FILES[key]
+        text = _read(source.path)
+        if text is None and source.level == "user":
+            raise ConfigError(
+                f"{source.path}: the tuning file named by {ENV_USER_FILE} does not exist "
+                "or is not a file"
+            )
+        parsed = None
+        if text is not None:
+            parsed = loads(text, source, extra_launch_keys=ctx.extra_launch_keys)
+        _FILES[key] = parsed
+        return parsed
+
+
+def _files(ctx: TuneContext) -> list[tuple[TuneSource, TuneFile | None]]:
+    return [(source, _load(source, ctx)) for source in search_path(ctx)]
+
+
+def lookup(op: str, *, context: TuneContext | None = None) -> OpTuning:
+    """The tuning entry for ``op`` from the highest-ranked file that defines it.
+
+    Entries are never merged: the winning file's entry is used whole.
+
+    Args:
+        op: The op's name as the op library spells it.
+        context: The device to look up for; the current device when None.
+
+    Raises:
+        ConfigError: no file defines ``op`` (the message lists every file
+            searched, marking missing ones), the user's file is missing, or a
+            file on the way is malformed.
+    """
+    ctx = context or current_context()
+    searched = []
+    for source, parsed in _files(ctx):
+        if parsed is None:
+            searched.append(f"{source.path} ({source.level}, {source.origin}; does not exist)")
+            continue
+        entry = parsed.ops.get(op)
+        if entry is not None:
+            return entry
+        searched.append(f"{source.path} ({source.level}, {source.origin})")
+    where = "\n  ".join(searched) or "(no tuning directories are registered)"
+    raise ConfigError(
+        f"no tuning config for op {op!r} on {ctx.vendor} {ctx.arch}; searched, in order:\n  {where}"
+    )
+
+
+def unused_ops(context: TuneContext | None = None) -> frozenset[str]:
+    """The ops any file on the search path asks to leave to torch (the union of all).
+
+    Raises:
+        ConfigError: the user's file is missing or a file is malformed.
+    """
+    ctx = context or current_context()
+    out: set[str] = set()
+    for _source, parsed in _files(ctx):
+        if parsed is not None:
+            out |= parsed.unused
+    return frozenset(out)
+
+
+def list_ops(context: TuneContext | None = None) -> dict[str, TuneSource]:
+    """Every op some file defines, mapped to the file whose entry wins, sorted by op.
+
+    Raises:
+        ConfigError: the user's file is missing or a file is malformed.
+    """
+    ctx = context or current_context()
+    out: dict[str, TuneSource] = {}
+    for source, parsed in _files(ctx):
+        if parsed is not None:
+            for op in parsed.ops:
+                out.setdefault(op, source)
+    return dict(sorted(out.items()))

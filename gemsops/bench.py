@@ -1,0 +1,423 @@
+"""``gemsops bench``: gemsops against torch's own kernels and FlagGems, side by side.
+
+Every case builds its inputs once; torch, gemsops (through ``use_gems``, the path
+users take) and FlagGems (through ``flag_gems.use_gems()`` when installed) run the
+same torch call on the same tensors in the same process, each warmed up, timed with
+``triton.testing.do_bench`` (median). Bandwidth-bound cases report GB/s and the
+percentage of the device-to-device copy bandwidth measured in the same run; matmuls
+report TFLOP/s. Without an accelerator it runs a tiny mode that only proves the
+harness works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import attrs
+import torch
+from torch.nn import functional as F
+
+import gemshal
+from gemsops import registry
+
+__all__ = ["BenchCase", "add_parser", "cases", "main"]
+
+Thunk = Callable[[], Any]
+
+
+@attrs.frozen
+class BenchCase:
+    """One benchmark row: a torch call on prepared inputs, and the work it does."""
+
+    op: str
+    label: str
+    dtype: torch.dtype
+    make: Callable[[torch.device], Thunk]
+    bytes: int = 0
+    flops: int = 0
+
+
+def _nbytes(dtype: torch.dtype, *numels: int) -> int:
+    return sum(numels) * torch.empty((), dtype=dtype).element_size()
+
+
+def _pointwise(
+    op: str, fn: Callable[..., Any], n: int, dtype: torch.dtype, arity: int
+) -> BenchCase:
+    def make(dev: torch.device) -> Thunk:
+        args = [torch.randn(n, device=dev, dtype=dtype) for _ in range(arity)]
+        return lambda: fn(*args)
+
+    return BenchCase(op, f"{op} {n:,}", dtype, make, bytes=_nbytes(dtype, *([n] * (arity + 1))))
+
+
+def _rows(
+    op: str,
+    fn: Callable[[torch.Tensor], Any],
+    m: int,
+    n: int,
+    dtype: torch.dtype,
+    out_numel: int | None = None,
+) -> BenchCase:
+    def make(dev: torch.device) -> Thunk:
+        x = torch.randn(m, n, device=dev, dtype=dtype)
+        return lambda: fn(x)
+
+    out = m * n if out_numel is None else out_numel
+    return BenchCase(op, f"{op} {m}x{n}", dtype, make, bytes=_nbytes(dtype, m * n, out))
+
+
+def _norm(op: str, m: int, n: int, dtype: torch.dtype) -> BenchCase:
+    def make(dev: torch.device) -> Thunk:
+        x = torch.randn(m, n, device=dev, dtype=dtype)
+        w = torch.randn(n, device=dev, dtype=dtype)
+        if op == "layer_norm":
+            b = torch.randn(n, device=dev, dtype=dtype)
+            return lambda: F.layer_norm(x, (n,), w, b, 1e-5)
+        return lambda: F.rms_norm(x, (n,), w, 1e-6)
+
+    return BenchCase(op, f"{op} {m}x{n}", dtype, make, bytes=_nbytes(dtype, 2 * m * n, n))
+
+
+def _cross_entropy(m: int, v: int, dtype: torch.dtype) -> BenchCase:
+    def make(dev: torch.device) -> Thunk:
+        x = torch.randn(m, v, device=dev, dtype=dtype)
+        t = torch.randint(0, v, (m,), device=dev)
+        return lambda: F.cross_entropy(x, t)
+
+    return BenchCase(
+        "cross_entropy", f"cross_entropy {m}x{v}", dtype, make, bytes=_nbytes(dtype, m * v)
+    )
+
+
+def _mm(op: str, b: int, m: int, n: int, k: int, dtype: torch.dtype) -> BenchCase:
+    def make(dev: torch.device) -> Thunk:
+        if op == "bmm":
+            x = torch.randn(b, m, k, device=dev, dtype=dtype)
+            y = torch.randn(b, k, n, device=dev, dtype=dtype)
+            return lambda: torch.bmm(x, y)
+        x = torch.randn(m, k, device=dev, dtype=dtype)
+        y = torch.randn(k, n, device=dev, dtype=dtype)
+        if op == "addmm":
+            bias = torch.randn(n, device=dev, dtype=dtype)
+            return lambda: torch.addmm(bias, x, y)
+        return lambda: torch.mm(x, y)
+
+    shape = f"{b}x{m}x{n}x{k}" if op == "bmm" else f"{m}x{n}x{k}"
+    return BenchCase(op, f"{op} {shape}", dtype, make, flops=2 * b * m * n * k)
+
+
+def _embedding(tokens: int, vocab: int, dim: int, dtype: torch.dtype) -> BenchCase:
+    def make(dev: torch.device) -> Thunk:
+        w = torch.randn(vocab, dim, device=dev, dtype=dtype)
+        idx = torch.randint(0, vocab, (tokens,), device=dev)
+        return lambda: F.embedding(idx, w)
+
+    return BenchCase(
+        "embedding",
+        f"embedding {tokens}x{dim} of {vocab}",
+        dtype,
+        make,
+        bytes=_nbytes(dtype, 2 * tokens * dim),
+    )
+
+
+def cases(*, tiny: bool) -> list[BenchCase]:
+    """The benchmark suite: the reference table's rows plus LLM-shaped ones."""
+    bf16, f32 = torch.bfloat16, torch.float32
+    if tiny:
+        return [
+            _pointwise("add", torch.add, 1024, f32, 2),
+            _rows("softmax", lambda x: torch.softmax(x, -1), 4, 64, f32),
+            _rows("sum", lambda x: x.sum(-1), 4, 64, f32, out_numel=4),
+            _mm("mm", 1, 16, 16, 16, f32),
+        ]
+    return [
+        _pointwise("add", torch.add, 2**28, bf16, 2),
+        _pointwise("mul", torch.mul, 2**27, f32, 2),
+        _pointwise("gelu", F.gelu, 2**28, bf16, 1),
+        _pointwise("silu", F.silu, 2**28, bf16, 1),
+        _pointwise("exp", torch.exp, 2**28, bf16, 1),
+        _rows("sum", lambda x: x.sum(-1), 16384, 16384, bf16, out_numel=16384),
+        _rows("amax", lambda x: x.amax(-1), 16384, 16384, bf16, out_numel=16384),
+        _rows("softmax", lambda x: torch.softmax(x, -1), 16384, 16384, bf16),
+        _rows("softmax", lambda x: torch.softmax(x, -1), 262144, 256, bf16),
+        _rows("log_softmax", lambda x: torch.log_softmax(x, -1), 4096, 32000, bf16),
+        _norm("layer_norm", 65536, 4096, bf16),
+        _norm("rms_norm", 65536, 4096, bf16),
+        _norm("rms_norm", 8192, 8192, bf16),
+        _cross_entropy(8192, 128256, bf16),
+        _cross_entropy(4096, 32000, bf16),
+        _embedding(8192, 128256, 4096, bf16),
+        _mm("mm", 1, 4096, 4096, 4096, bf16),
+        _mm("mm", 1, 8192, 8192, 8192, bf16),
+        _mm("mm", 1, 16, 14336, 4096, bf16),
+        _mm("mm", 1, 1, 4096, 4096, bf16),
+        _mm("addmm", 1, 4096, 4096, 4096, bf16),
+        _mm("bmm", 64, 2048, 2048, 128, bf16),
+    ]
+
+
+def _flag_gems() -> Any | None:
+    try:
+        return importlib.import_module("flag_gems")
+    except ImportError:
+        return None
+
+
+def _timer(interpreter: bool) -> Callable[[Thunk], float]:
+    """Milliseconds per call: do_bench's median on a device, a wall-clock median otherwise."""
+    if interpreter:
+
+        def wall(fn: Thunk) -> float:
+            fn()
+            samples = []
+            for _ in range(3):
+                start = time.perf_counter()
+                fn()
+                samples.append((time.perf_counter() - start) * 1e3)
+            return statistics.median(samples)
+
+        return wall
+    import triton.testing
+
+    def device_time(fn: Thunk) -> float:
+        return float(triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median"))
+
+    return device_time
+
+
+def _sides(peer: Any | None) -> dict[str, Callable[[], AbstractContextManager[Any]]]:
+    sides: dict[str, Callable[[], AbstractContextManager[Any]]] = {
+        "torch": nullcontext,
+        "gemsops": registry.use_gems,
+    }
+    if peer is not None:
+        sides["flag_gems"] = peer.use_gems
+    return sides
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    bar = "#" * filled + "-" * (width - filled)
+    sys.stderr.write(f"\r[{bar}] {done}/{total} {label[:40]:<40}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _copy_bandwidth(dev: torch.device, timer: Callable[[Thunk], float], tiny: bool) -> float:
+    n = 2**14 if tiny else 2**29  # 1 GiB of bf16-sized elements, as fp16
+    x = torch.empty(n, device=dev, dtype=torch.float16).fill_(1.0)
+    y = torch.empty_like(x)
+    ms = timer(lambda: y.copy_(x))
+    return 2 * x.numel() * x.element_size() / (ms * 1e-3) / 1e9
+
+
+def run_cases(
+    selected: list[BenchCase], *, interpreter: bool, dev: torch.device
+) -> tuple[float, list[dict[str, Any]]]:
+    """Time every case on every side; returns the copy bandwidth (GB/s) and the rows."""
+    timer = _timer(interpreter)
+    copy_gbs = _copy_bandwidth(dev, timer, interpreter)
+    sides = _sides(_flag_gems())
+    rows: list[dict[str, Any]] = []
+    for i, case in enumerate(selected):
+        _progress(i, len(selected), case.label)
+        fn = case.make(dev)
+        row: dict[str, Any] = {"op": case.op, "case": case.label, "dtype": str(case.dtype)[6:]}
+        for side, context in sides.items():
+            with context():
+                fn()  # warm-up: compiles and tunes gemsops kernels once
+                ms = timer(fn)
+            row[f"{side}_ms"] = ms
+            if case.bytes:
+                row[f"{side}_gbs"] = case.bytes / (ms * 1e-3) / 1e9
+            if case.flops:
+                row[f"{side}_tflops"] = case.flops / (ms * 1e-3) / 1e12
+        row["vs_torch"] = row["torch_ms"] / row["gemsops_ms"]
+        if "flag_gems_ms" in row:
+            row["vs_flag_gems"] = row["flag_gems_ms"] / row["gemsops_ms"]
+        if case.bytes:
+            row["pct_copy"] = 100.0 * row["gemsops_gbs"] / copy_gbs
+        rows.append(row)
+        del fn
+    _progress(len(selected), len(selected), "done")
+    return copy_gbs, rows
+
+
+def host_overhead(dev: torch.device, *, calls: int = 2000) -> list[dict[str, Any]]:
+    """Wall-clock microseconds per call on tiny tensors, one synchronize at the end."""
+    module = gemshal.device_module()
+    peer = _flag_gems()
+    tiny = {
+        "add 1024": (lambda a: torch.add(a, a), (1024,)),
+        "softmax 64x1024": (lambda a: torch.softmax(a, -1), (64, 1024)),
+        "sum 64x1024": (lambda a: a.sum(-1), (64, 1024)),
+    }
+    rows = []
+    for label, (fn, shape) in tiny.items():
+        x = torch.randn(shape, device=dev)
+        row: dict[str, Any] = {"case": label}
+        for side, context in _sides(peer).items():
+            with context():
+                for _ in range(50):
+                    fn(x)
+                module.synchronize()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn(x)
+                module.synchronize()
+                row[f"{side}_us"] = (time.perf_counter() - start) / calls * 1e6
+        rows.append(row)
+    return rows
+
+
+def import_cost(runs: int = 3) -> dict[str, float]:
+    """Fresh-process seconds: ``import torch, triton`` against ``import gemsops; enable()``."""
+    scripts = {
+        "torch_triton_s": "import torch, triton",
+        "gemsops_enable_s": "import torch, triton, gemsops; gemsops.enable()",
+    }
+    out = {}
+    for key, code in scripts.items():
+        samples = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+            samples.append(time.perf_counter() - start)
+        out[key] = statistics.median(samples)
+    out["overhead_s"] = out["gemsops_enable_s"] - out["torch_triton_s"]
+    return out
+
+
+def _table(rows: list[dict[str, Any]], copy_gbs: float) -> str:
+    head = (
+        f"{'case':<36} {'dtype':<9} {'torch ms':>9} {'gems ms':>9} {'x torch':>8} "
+        f"{'x FG':>7} {'perf':>14} {'%copy':>6}"
+    )
+    lines = [f"copy bandwidth: {copy_gbs:.0f} GB/s", head, "-" * len(head)]
+    for r in rows:
+        perf = (
+            f"{r['gemsops_tflops']:.0f} TFLOP/s"
+            if "gemsops_tflops" in r
+            else (f"{r['gemsops_gbs']:.0f} GB/s")
+        )
+        vs_fg = f"{r['vs_flag_gems']:.2f}" if "vs_flag_gems" in r else "-"
+        pct = f"{r['pct_copy']:.0f}" if "pct_copy" in r else "-"
+        lines.append(
+            f"{r['case']:<36} {r['dtype']:<9} {r['torch_ms']:>9.4f} {r['gemsops_ms']:>9.4f} "
+            f"{r['vs_torch']:>8.2f} {vs_fg:>7} {perf:>14} {pct:>6}"
+        )
+    ratios = [r["vs_torch"] for r in rows if r["vs_torch"] > 0]
+    if ratios:
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        lines.append(f"geometric mean vs torch: {geo:.3f}x over {len(ratios)} rows")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict[str, Any]], path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot as plt
+    except ImportError:
+        return False
+    labels = [r["case"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 0.35 * len(rows) + 2))
+    ax1.barh(labels, [r["vs_torch"] for r in rows], color="tab:blue", label="gemsops / torch")
+    if any("vs_flag_gems" in r for r in rows):
+        ax1.barh(
+            labels,
+            [r.get("vs_flag_gems", 0) for r in rows],
+            color="tab:orange",
+            alpha=0.5,
+            label="gemsops / FlagGems",
+        )
+    ax1.axvline(1.0, color="k", lw=0.8)
+    ax1.set_xlabel("speedup (higher is better)")
+    ax1.legend()
+    ax1.invert_yaxis()
+    ax2.barh(labels, [r.get("pct_copy", 0) for r in rows], color="tab:green")
+    ax2.axvline(90, color="r", lw=0.8, ls="--")
+    ax2.set_xlabel("gemsops bandwidth, % of copy")
+    ax2.invert_yaxis()
+    ax2.set_yticklabels([])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``bench`` subcommand to the gemsops command line."""
+    p = sub.add_parser("bench", help="time gemsops against torch (and FlagGems when installed)")
+    p.add_argument("--ops", help="comma-separated op names to run (default: all)")
+    p.add_argument("--dtypes", help="comma-separated dtypes to run, e.g. bfloat16,float32")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of speedups and bandwidth")
+    p.add_argument(
+        "--no-host", action="store_true", help="skip the host-overhead and import timings"
+    )
+    p.set_defaults(run=main)
+
+
+def _filtered(all_cases: list[BenchCase], args: argparse.Namespace) -> Iterator[BenchCase]:
+    ops = set(args.ops.split(",")) if args.ops else None
+    dtypes = set(args.dtypes.split(",")) if args.dtypes else None
+    known_ops = {c.op for c in all_cases}
+    if ops and not ops <= known_ops:
+        raise SystemExit(
+            f"gemsops bench: unknown op(s) {sorted(ops - known_ops)}; known: {sorted(known_ops)}"
+        )
+    for case in all_cases:
+        if (ops is None or case.op in ops) and (dtypes is None or str(case.dtype)[6:] in dtypes):
+            yield case
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark and print the table; write JSON and a plot when asked."""
+    dev = gemshal.current_device()
+    selected = list(_filtered(cases(tiny=dev.interpreter), args))
+    copy_gbs, rows = run_cases(selected, interpreter=dev.interpreter, dev=dev.torch_device)
+    print(f"gemsops bench on {dev.name} ({dev.vendor.name}, {dev.arch}); torch {torch.__version__}")
+    print(_table(rows, copy_gbs))
+    result: dict[str, Any] = {
+        "device": dev.as_dict(),
+        "torch": torch.__version__,
+        "copy_gbs": copy_gbs,
+        "rows": rows,
+    }
+    import triton
+
+    result["triton"] = triton.__version__
+    peer = _flag_gems()
+    result["flag_gems"] = getattr(peer, "__version__", None) if peer else None
+    if not args.no_host and not dev.interpreter:
+        result["host_us"] = host_overhead(dev.torch_device)
+        result["import"] = import_cost()
+        for r in result["host_us"]:
+            print(
+                "host "
+                + ", ".join(
+                    f"{k} {v:.1f}" if isinstance(v, float) else str(v) for k, v in r.items()
+                )
+            )
+        print("import " + ", ".join(f"{k} {v:.2f}" for k, v in result["import"].items()))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    if args.plot and not _plot(rows, args.plot):
+        print("gemsops bench: matplotlib is not installed; no plot written", file=sys.stderr)
+    return 0

@@ -1,0 +1,30 @@
+"""The benchmark harness runs end to end in its tiny CPU mode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gemsops.cli import main
+
+
+def test_bench_tiny_mode_writes_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`gemsops bench` on the CPU times torch and gemsops per case and writes JSON rows."""
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--ops", "add,softmax", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "geometric mean vs torch" in printed
+    result = json.loads(out.read_text())
+    assert [r["op"] for r in result["rows"]] == ["add", "softmax"]
+    for row in result["rows"]:
+        assert row["torch_ms"] > 0 and row["gemsops_ms"] > 0
+        assert row["vs_torch"] == pytest.approx(row["torch_ms"] / row["gemsops_ms"])
+    assert result["copy_gbs"] > 0
+
+
+def test_bench_rejects_unknown_ops() -> None:
+    """An unknown --ops name stops the run with a message listing the known ops."""
+    with pytest.raises(SystemExit, match="known"):
+        main(["bench", "--ops", "nonsense"])
