@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     vend = sub.add_parser("vendors", help="built-in and plugin vendors with their load status")
     vend.add_argument("--json", action="store_true", help="machine-readable output")
     vend.set_defaults(run=_vendors)
-    from gemshal import cli_config
+    from gemshal import cli_config as cli_config
 
     cli_config.add_parser(sub)
     return parser

@@ -83,4 +83,6 @@ def bind_local_rank(env: Mapping[str, str] | None = None) -> RankSetup:
     else:
         dev = _device.get_device(local % _device.get_device(0).count)
         _device.device_module().set_device(dev.index)
-    return RankSetup(rank=rank, local_rank=local, world_size=world, device=dev, backend=info.dist_backend)
+    return RankSetup(
+        rank=rank, local_rank=local, world_size=world, device=dev, backend=info.dist_backend
+    )

@@ -171,8 +171,6 @@ _ENTRY_POINTS_LOADED = False
 def _load_entry_point_dirs() -> None:
     """Add the directories installed packages declare (once; a broken one is an error)."""
     global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
     with _LOCK:
         if _ENTRY_POINTS_LOADED:
             return

@@ -83,7 +83,9 @@ class VendorInfo:
     display_name: str = attrs.field(validator=attrs.validators.min_len(1))
     device_type: str = attrs.field(validator=_check_name)
     dispatch_key: str = attrs.field(validator=attrs.validators.min_len(1))
-    triton_backends: tuple[str, ...] = attrs.field(converter=_str_tuple, validator=_check_nonempty_strs)
+    triton_backends: tuple[str, ...] = attrs.field(
+        converter=_str_tuple, validator=_check_nonempty_strs
+    )
     torch_module: str | None = None
     device_module_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     visible_devices_env: str | None = None
