@@ -22,7 +22,7 @@ $(STAMP): setup.cfg pyproject.toml
 	else \
 		$(PYTHON) -m venv $(VENV) && \
 		$(PY) -m pip install -q --upgrade pip && \
-		$(PY) -m pip install -q $(TORCH_CPU) $(TRITON_CPU); \
+		$(PY) -m pip install -q $(TORCH_CPU) $(TRITON_CPU) numpy; \
 	fi
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $(STAMP)

@@ -16,7 +16,7 @@ from gemshal import registry as _registry
 from gemshal.detect import Detection, TraceStep
 from gemshal.vendor import VendorInfo
 
-__all__ = ["FakeDeviceModule", "fake_vendor"]
+__all__ = ["FakeDeviceModule", "FakeProperties", "fake_vendor"]
 
 
 @attrs.define
@@ -44,6 +44,24 @@ class FakeDeviceModule:
 
     def synchronize(self, device: object = None) -> None:
         """Nothing to wait for."""
+
+    def get_device_properties(self, index: int) -> FakeProperties:
+        """Properties shaped like torch's, for the fake device ``index``."""
+        if not 0 <= index < self.count:
+            raise RuntimeError(f"invalid device ordinal {index}")
+        return FakeProperties(name=f"Fake Device {index}")
+
+
+@attrs.frozen
+class FakeProperties:
+    """The fields of ``torch.cuda.get_device_properties`` that gemshal reads."""
+
+    name: str
+    major: int = 9
+    minor: int = 0
+    multi_processor_count: int = 4
+    total_memory: int = 2**30
+    warp_size: int = 32
 
 
 @contextlib.contextmanager
