@@ -35,6 +35,7 @@ __all__ = [
     "record",
     "registered_ops",
     "resolve_names",
+    "skipped_ops",
     "use_gems",
 ]
 
@@ -139,14 +140,33 @@ def record() -> Iterator[CallRecord]:
         _RECORDS.remove(rec)
 
 
+class _Inside(threading.local):
+    """Whether this thread is inside a gemsops implementation right now."""
+
+    depth = 0
+
+
+_INSIDE = _Inside()
+
+
 def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[..., Any]:
+    inside = _INSIDE
+
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        if inside.depth:
+            # An aten call made while a gemsops kernel runs comes from the machinery under
+            # it (the Triton interpreter copies tensors with torch ops): torch serves it.
+            return original.call_boxed(keyset, *args, **kwargs)
+        inside.depth = 1
         try:
             out = fn(*args, **kwargs)
         except Unsupported as why:
+            inside.depth = 0
             for rec in _RECORDS:
                 rec.fallbacks[(overload, why.reason)] += 1
             return original.call_boxed(keyset, *args, **kwargs)
+        finally:
+            inside.depth = 0
         for rec in _RECORDS:
             rec.served[overload] += 1
         return out
@@ -160,6 +180,7 @@ class _Active:
     overloads: frozenset[str]
     library: Any = attrs.field(eq=False)
     key: tuple[frozenset[str], frozenset[str] | None]
+    skipped: dict[str, str] = attrs.field(factory=dict, eq=False)
 
 
 _ACTIVE: _Active | None = None
@@ -178,19 +199,33 @@ def _select(unused: Iterable[str], include: Iterable[str] | None) -> frozenset[s
     return chosen - dropped
 
 
-def _register(overloads: frozenset[str]) -> Any:
+def _torch_kernel(name: str, key: str) -> Any | None:
+    """torch's own kernel for ``aten::name`` at ``key``, or None when it has none there."""
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key):
+        return None
+    return torch.library.get_kernel(f"aten::{name}", key)
+
+
+def _register(overloads: frozenset[str]) -> tuple[Any, frozenset[str], dict[str, str]]:
     impls = implementations()
     key = gemshal.current_vendor().dispatch_key
     library = torch.library.Library("aten", "IMPL")
+    served: set[str] = set()
+    skipped: dict[str, str] = {}
     with warnings.catch_warnings():
         # torch warns once that a kernel is overridden: that is the point of enable().
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
         for overload in sorted(overloads):
-            original = torch.library.get_kernel(f"aten::{overload}", key)
-            library.impl(
-                overload, _wrap(overload, impls[overload], original), key, with_keyset=True
-            )
-    return library
+            # torch spells the default overload without a suffix: "aten::abs", not "abs.default".
+            name = overload.removesuffix(".default")
+            original = _torch_kernel(name, key)
+            if original is None:
+                # Nothing to override, and nothing to hand unsupported inputs back to.
+                skipped[overload] = f"torch has no {key} kernel for it on this build"
+                continue
+            library.impl(name, _wrap(overload, impls[overload], original), key, with_keyset=True)
+            served.add(overload)
+    return library, frozenset(served), skipped
 
 
 def enable(*, unused: Iterable[str] = (), include: Iterable[str] | None = None) -> frozenset[str]:
@@ -215,8 +250,9 @@ def enable(*, unused: Iterable[str] = (), include: Iterable[str] | None = None) 
             return _ACTIVE.overloads
         overloads = _select(unused_set, include_set)
         disable()
-        _ACTIVE = _Active(overloads, _register(overloads), key)
-        return overloads
+        library, served, skipped = _register(overloads)
+        _ACTIVE = _Active(served, library, key, skipped)
+        return served
 
 
 def disable() -> None:
@@ -226,6 +262,12 @@ def disable() -> None:
         if _ACTIVE is not None:
             _ACTIVE.library._destroy()
             _ACTIVE = None
+
+
+def skipped_ops() -> dict[str, str]:
+    """Overloads gemsops implements but did not register this time, with the reason."""
+    active = _ACTIVE
+    return {} if active is None else dict(active.skipped)
 
 
 def registered_ops() -> tuple[str, ...]:
