@@ -21,6 +21,7 @@ import torch
 
 from gemshal.detect import Detection, TraceStep, detect
 from gemshal.errors import DeviceGuardError, DeviceNotFoundError
+from gemshal.interpreter import use_interpreter
 from gemshal.probe import LiveFacts
 from gemshal.registry import vendor
 from gemshal.vendor import Arch, VendorInfo
@@ -102,16 +103,6 @@ _STATE: _State | None = None
 _EXPLICIT: str | None = None
 
 
-def _use_interpreter() -> None:
-    # Triton reads TRITON_INTERPRET when @triton.jit is applied, so this must happen
-    # before gemsops imports its kernel modules; setting the knob covers an
-    # already-imported triton, the variable covers child processes.
-    os.environ["TRITON_INTERPRET"] = "1"
-    import triton
-
-    triton.knobs.runtime.interpret = True
-
-
 def _load_module(info: VendorInfo) -> Any:
     if info.torch_module:
         importlib.import_module(info.torch_module)
@@ -130,7 +121,7 @@ def _install(detection: Detection, module: Any | None = None) -> _State:
     global _STATE
     info = detection.vendor
     if info.is_cpu:
-        _use_interpreter()
+        use_interpreter()
         if detection.fell_back:
             warnings.warn(
                 "gemshal: no accelerator found; gemsops kernels run on the CPU through the "

@@ -22,7 +22,7 @@ import attrs
 import torch
 
 import gemshal
-from gemsops.errors import UnknownOpError, Unsupported
+from gemsops.errors import GemsopsError, UnknownOpError, Unsupported
 
 __all__ = [
     "OP_MODULES",
@@ -199,9 +199,23 @@ def _select(unused: Iterable[str], include: Iterable[str] | None) -> frozenset[s
     return chosen - dropped
 
 
+@attrs.frozen
+class _NoTorchKernel:
+    """Stands where torch has no kernel: an unsupported input is an error naming the op."""
+
+    name: str
+    key: str
+
+    def call_boxed(self, keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        raise GemsopsError(
+            f"aten::{self.name}: gemsops cannot take these inputs and torch has no "
+            f"{self.key} kernel to hand them to"
+        )
+
+
 def _torch_kernel(name: str, key: str) -> Any | None:
     """torch's own kernel for ``aten::name`` at ``key``, or None when it has none there."""
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", key):
+    if not torch._C._dispatch_has_computed_kernel_for_dispatch_key(f"aten::{name}", key):
         return None
     return torch.library.get_kernel(f"aten::{name}", key)
 
@@ -220,9 +234,11 @@ def _register(overloads: frozenset[str]) -> tuple[Any, frozenset[str], dict[str,
             name = overload.removesuffix(".default")
             original = _torch_kernel(name, key)
             if original is None:
-                # Nothing to override, and nothing to hand unsupported inputs back to.
-                skipped[overload] = f"torch has no {key} kernel for it on this build"
-                continue
+                # torch has no kernel here (e.g. _fused_rms_norm_backward on the CPU), yet
+                # torch may route to it once gemsops serves its forward: serve it too, and
+                # say so plainly for inputs gemsops cannot take.
+                original = _NoTorchKernel(name, key)
+                skipped[overload] = f"torch has no {key} kernel; gemsops is the only one"
             library.impl(name, _wrap(overload, impls[overload], original), key, with_keyset=True)
             served.add(overload)
     return library, frozenset(served), skipped
@@ -265,7 +281,7 @@ def disable() -> None:
 
 
 def skipped_ops() -> dict[str, str]:
-    """Overloads gemsops implements but did not register this time, with the reason."""
+    """Overloads served without a torch kernel behind them (no fallback), with the reason."""
     active = _ACTIVE
     return {} if active is None else dict(active.skipped)
 
