@@ -16,6 +16,11 @@ from gemshal import device as device_module
 from gemshal.testing import fake_vendor
 
 
+ON_CPU = gemshal.current_vendor().is_cpu
+cpu_only = pytest.mark.skipif(not ON_CPU, reason="describes a machine without accelerators")
+
+
+@cpu_only
 def test_cpu_device_record_describes_the_interpreter(isolated: None) -> None:
     """On a machine without accelerators the device is the CPU, run by the interpreter."""
     with pytest.warns(RuntimeWarning, match="interpreter"):
@@ -26,6 +31,7 @@ def test_cpu_device_record_describes_the_interpreter(isolated: None) -> None:
     assert gemshal.current_device() is dev
 
 
+@cpu_only
 def test_cpu_fallback_switches_triton_to_its_interpreter(isolated: None) -> None:
     """Choosing the cpu vendor turns on Triton's interpreter before kernels are decorated."""
     import triton
@@ -34,17 +40,18 @@ def test_cpu_fallback_switches_triton_to_its_interpreter(isolated: None) -> None
     assert triton.knobs.runtime.interpret is True
 
 
-def test_first_resolution_from_many_threads_happens_once(
-    isolated: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_first_resolution_from_many_threads_happens_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sixteen threads asking at once trigger exactly one detection."""
+    name = gemshal.current_vendor().name
+    monkeypatch.setattr(device_module, "_STATE", None)
+    monkeypatch.setattr(device_module, "_EXPLICIT", None)
     calls = []
     real = detect_module.detect
     barrier = threading.Barrier(16)
 
     def counting_detect(**kwargs: object) -> detect_module.Detection:
         calls.append(1)
-        return real(facts=gemshal.StaticFacts(), env={}, explicit="cpu")
+        return real(facts=gemshal.StaticFacts(), env={}, explicit=name)
 
     monkeypatch.setattr(device_module, "detect", counting_detect)
     seen: list[gemshal.Device] = []
@@ -143,6 +150,9 @@ def test_device_records_out_of_range_is_an_error() -> None:
 
 def test_device_module_is_the_vendors_module() -> None:
     """device_module() hands out the vendor's runtime module (a fake one here)."""
+    before = gemshal.device_module()
     with fake_vendor(count=3) as mod:
         assert gemshal.device_module() is mod
-    assert gemshal.device_module() is torch.cpu
+    assert gemshal.device_module() is before is not mod
+    expected = torch.cpu if ON_CPU else getattr(torch, gemshal.current_vendor().device_module_name)
+    assert before is expected
