@@ -20,7 +20,7 @@ __all__ = ["main"]
 
 # Demo sizes: small enough for the Triton interpreter on a laptop, real on a GPU.
 _CPU_SIZES = {"batch": 2, "seq": 16, "vocab": 256, "dim": 64, "heads": 4, "hidden": 128}
-_GPU_SIZES = {"batch": 8, "seq": 512, "vocab": 32000, "dim": 1024, "heads": 16, "hidden": 2816}
+_GPU_SIZES = {"batch": 4, "seq": 256, "vocab": 8192, "dim": 512, "heads": 8, "hidden": 1408}
 
 
 def _demo(args: argparse.Namespace) -> int:
