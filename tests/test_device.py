@@ -15,7 +15,6 @@ from gemshal import detect as detect_module
 from gemshal import device as device_module
 from gemshal.testing import fake_vendor
 
-
 ON_CPU = gemshal.current_vendor().is_cpu
 cpu_only = pytest.mark.skipif(not ON_CPU, reason="describes a machine without accelerators")
 

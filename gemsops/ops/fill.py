@@ -1,0 +1,99 @@
+"""Filling tensors: ``fill_``, ``zero_``, and the factories built on them.
+
+aten's ``zeros``, ``ones``, ``full`` (and their ``_like`` forms) are
+CompositeExplicitAutograd: they allocate with ``empty`` and call ``zero_`` or
+``fill_``, which are the overloads that reach a backend kernel, so those two are what
+:data:`IMPLS` registers. The fill is the pointwise generator's flat kernel with the
+value as a scalar argument (or, for a 0-dim device tensor, loaded once), converted to
+the tensor's dtype the way torch converts it (``int(2.7)`` for integers, ``!= 0`` for
+bool). Strided tensors (``x[:, ::2].fill_(1)``) take the strided kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gemsops.errors import Unsupported
+from gemsops.ops.pointwise_arith import FILL
+from gemsops.ops.pointwise_iterator import run
+
+__all__ = ["IMPLS", "fill_", "full", "ones", "zero_", "zeros"]
+
+Number = bool | int | float
+
+
+def fill_(self: Tensor, value: Tensor | Number) -> Tensor:
+    """Set every element of ``self`` to ``value`` (a number or a 0-dim tensor); returns self."""
+    if isinstance(value, Tensor) and value.dim() != 0:
+        raise Unsupported(f"fill_ takes a 0-dim value tensor, got {value.dim()} dims")  # torch raises
+    return run(FILL, (value,), out=self, inplace=True)
+
+
+def zero_(self: Tensor) -> Tensor:
+    """Set every element of ``self`` to zero; returns self."""
+    return run(FILL, (0,), out=self, inplace=True)
+
+
+def full(
+    size: Sequence[int],
+    fill_value: Number,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """A new tensor of ``size`` filled with ``fill_value``.
+
+    Without ``dtype``, the dtype follows the value as in torch: bool, int64, or the
+    default float dtype.
+    """
+    if dtype is None:
+        if isinstance(fill_value, bool):
+            dtype = torch.bool
+        elif isinstance(fill_value, int):
+            dtype = torch.int64
+        else:
+            dtype = torch.get_default_dtype()
+    return fill_(torch.empty(tuple(size), dtype=dtype, device=device), fill_value)
+
+
+def zeros(
+    size: Sequence[int],
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """A new tensor of zeros (default float dtype unless ``dtype`` is given)."""
+    return zero_(torch.empty(tuple(size), dtype=dtype, device=device))
+
+
+def ones(
+    size: Sequence[int],
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """A new tensor of ones (default float dtype unless ``dtype`` is given)."""
+    return fill_(torch.empty(tuple(size), dtype=dtype, device=device), 1)
+
+
+def _fill_scalar(self: Tensor, value: Number) -> Tensor:
+    return fill_(self, value)
+
+
+def _fill_tensor(self: Tensor, value: Tensor) -> Tensor:
+    return fill_(self, value)
+
+
+def _zero(self: Tensor) -> Tensor:
+    return zero_(self)
+
+
+IMPLS: dict[str, Callable[..., Any]] = {
+    "fill_.Scalar": _fill_scalar,
+    "fill_.Tensor": _fill_tensor,
+    "zero_.default": _zero,
+}

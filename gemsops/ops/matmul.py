@@ -1,0 +1,372 @@
+"""Matrix products: mm, bmm and addmm (what ``nn.Linear`` reaches, forward and backward).
+
+One tiled Triton kernel serves all three: fp32 accumulation through ``tl.dot``, grouped
+("swizzled") program order so neighbouring programs share operand tiles in L2, operands
+read through their strides (the transposed views of a linear layer's backward are never
+copied), and the ``addmm`` epilogue (``beta * self + alpha * product``) fused. Small-M,
+long-K products (decode shapes) split K over several programs that write fp32 partial
+tiles, summed by a second kernel that applies the epilogue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+import gemshal
+from gemshal.autotune import autotune
+from gemsops.errors import Unsupported
+
+__all__ = ["IMPLS", "addmm", "bmm", "mm"]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@autotune("mm", key=["M", "N", "K"])
+@triton.jit
+def _mm_kernel(
+    A,  # [batch, M, K] operand, any strides
+    B,  # [batch, K, N] operand, any strides
+    C,  # [batch, M, N] result, or [SPLIT_K, M, N] fp32 partials when SPLIT_K > 1
+    Bias,  # addmm's ``self`` broadcast to [batch, M, N] (stride 0 on broadcast dims)
+    M,
+    N,
+    K,
+    stride_ab, stride_am, stride_ak,
+    stride_bb, stride_bk, stride_bn,
+    stride_cb, stride_cm, stride_cn,
+    stride_sb, stride_sm, stride_sn,
+    alpha,  # scale of the product
+    beta,  # scale of Bias
+    SPLIT_K: tl.constexpr,  # programs sharing one output tile along K (grid axis 1)
+    HAS_BIAS: tl.constexpr,  # addmm with beta != 0
+    ACC: tl.constexpr,  # accumulator type: fp32, or fp64 for fp64 operands
+    UPCAST: tl.constexpr,  # widen operands to ACC before tl.dot (interpreter bf16)
+    PRECISION: tl.constexpr,  # tl.dot input_precision for fp32 operands (None: default)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Axis 0 enumerates batch x output tiles; within one batch entry tiles go in groups of
+    # GROUP_M tile-rows so consecutive programs reuse the same B columns and A rows.
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    tiles = grid_m * grid_n
+    pid_b = pid // tiles
+    pid = pid % tiles
+    width = GROUP_M * grid_n
+    first_m = (pid // width) * GROUP_M
+    group_rows = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % group_rows
+    pid_n = (pid % width) // group_rows
+
+    # int64 offsets: an [M, N] result of a vocabulary projection can pass 2**31 elements.
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rk = tl.arange(0, BLOCK_K)
+    mask_m = rm < M
+    mask_n = rn < N
+
+    # This program's share of the K tiles (all of them when SPLIT_K == 1).
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_tiles, SPLIT_K)
+    k_lo = pid_k * per_split
+    k_hi = min(k_lo + per_split, k_tiles)
+    bb = pid_b.to(tl.int64)
+    rk0 = k_lo * BLOCK_K + rk
+    a_ptrs = A + bb * stride_ab + rm[:, None] * stride_am + rk0[None, :] * stride_ak
+    b_ptrs = B + bb * stride_bb + rk0[:, None] * stride_bk + rn[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+    for kt in range(k_lo, k_hi):
+        # Masks: rows past M / columns past N and the ragged last K tile read zeros,
+        # which add nothing to the dot product.
+        k_left = K - kt * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & (rk[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & mask_n[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(ACC)
+            b = b.to(ACC)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K == 1:
+        acc = acc * alpha
+        if HAS_BIAS:
+            s_ptrs = Bias + bb * stride_sb + rm[:, None] * stride_sm + rn[None, :] * stride_sn
+            acc += beta * tl.load(s_ptrs, mask=mask, other=0.0).to(ACC)
+        c_ptrs = C + bb * stride_cb + rm[:, None] * stride_cm + rn[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask)
+    else:
+        # Partial tile of split pid_k: the reduce kernel applies the epilogue.
+        c_ptrs = C + pid_k.to(tl.int64) * stride_cb + rm[:, None] * stride_cm
+        tl.store(c_ptrs + rn[None, :] * stride_cn, acc, mask=mask)
+
+
+@autotune("mm_splitk_reduce", key=["M", "N"])
+@triton.jit
+def _splitk_reduce_kernel(
+    W,  # [SPLIT_K, M, N] fp32 partial products, contiguous
+    C,  # [M, N] result, any strides
+    Bias,  # addmm's ``self`` broadcast to [M, N]
+    M,
+    N,
+    stride_cm, stride_cn,
+    stride_sm, stride_sn,
+    alpha,
+    beta,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    rm = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rn = (tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    mask = (rm[:, None] < M) & (rn[None, :] < N)  # the ragged edge tiles
+    w_ptrs = W + rm[:, None] * N + rn[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+    for s in range(SPLIT_K):
+        acc += tl.load(w_ptrs + s * M * N, mask=mask, other=0.0).to(ACC)
+    acc = acc * alpha
+    if HAS_BIAS:
+        acc += beta * tl.load(Bias + rm[:, None] * stride_sm + rn[None, :] * stride_sn,
+                              mask=mask, other=0.0).to(ACC)
+    tl.store(C + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(C.dtype.element_ty),
+             mask=mask)
+
+
+def _check(*tensors: Tensor) -> torch.dtype:
+    """The common dtype of the operands, or Unsupported for inputs the kernel does not take."""
+    dtype = tensors[0].dtype
+    device = tensors[0].device
+    for t in tensors:
+        if t.layout != torch.strided:
+            raise Unsupported("non-strided layout")
+        if t.device != device:
+            raise Unsupported("operands on different devices")
+        if t.dtype != dtype:
+            raise Unsupported("operands of different dtypes")
+    if dtype not in _FLOATS:
+        raise Unsupported(f"matmul of {dtype}")
+    if dtype == torch.float64 and not gemshal.current_device().vendor.capabilities.fp64:
+        raise Unsupported("float64 on a device without fp64")
+    return dtype
+
+
+def _scalar(value: Any, name: str) -> float:
+    if isinstance(value, complex) or (isinstance(value, Tensor) and value.is_complex()):
+        raise Unsupported(f"complex {name}")
+    return float(value)
+
+
+def _split_k(batch: int, M: int, N: int, K: int) -> int:
+    """How many programs share each output tile along K (1: no split).
+
+    Decode-like products (few rows, long K) have too few output tiles to occupy every
+    multiprocessor; splitting K multiplies the programs. 64 x 128 is the nominal tile of
+    the small-M configs; the split stays a power of two and leaves >= 512 of K per split.
+    """
+    if batch != 1 or M > 64 or K < 1024:
+        return 1
+    sms = gemshal.current_device().multiprocessor_count
+    tiles = triton.cdiv(M, 64) * triton.cdiv(N, 128)
+    split = min(16, sms // max(tiles, 1), K // 512)
+    return 1 if split < 2 else 1 << (split.bit_length() - 1)
+
+
+def _precision(dtype: torch.dtype) -> str | None:
+    # fp32 operands follow torch's matmul precision: "highest" means full fp32 (no tf32);
+    # fp64 is always exact; half types take the backend's default.
+    if dtype == torch.float32:
+        return "ieee" if torch.get_float32_matmul_precision() == "highest" else None
+    return "ieee" if dtype == torch.float64 else None
+
+
+def _strides3(t: Tensor) -> tuple[int, ...]:
+    # (batch, row, col) strides of a 2-D or 3-D operand; a matrix is a batch of one.
+    st = t.stride()
+    return st if len(st) == 3 else (0, *st)
+
+
+def _launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, beta: float,
+            split_k: int | None = None) -> None:
+    """c[i] = alpha * a[i] @ b[i] (+ beta * bias[i]) for 2-D or 3-D a, b, c (and bias)."""
+    batch = a.shape[0] if a.dim() == 3 else 1
+    M, K = a.shape[-2], a.shape[-1]
+    N = b.shape[-1]
+    if batch == 0 or M == 0 or N == 0:
+        return
+    dtype = a.dtype
+    interpreter = gemshal.current_device().interpreter
+    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    # The interpreter multiplies bf16 tiles as raw 16-bit integers; widen them first.
+    upcast = interpreter and dtype == torch.bfloat16
+    split = _split_k(batch, M, N, K) if split_k is None else split_k
+    s = bias if bias is not None else c
+    sa, sb, sc, ss = _strides3(a), _strides3(b), _strides3(c), _strides3(s)
+    precision = _precision(dtype)
+    with gemshal.device_guard(a.device):
+        if split == 1:
+            _mm_kernel[lambda meta: (
+                batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), 1)](
+                a, b, c, s, M, N, K, *sa, *sb, *sc, *ss, alpha, beta, SPLIT_K=1,
+                HAS_BIAS=bias is not None, ACC=acc, UPCAST=upcast, PRECISION=precision)
+            return
+        work = torch.empty((split, M, N), device=a.device,
+                           dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+        _mm_kernel[lambda meta: (
+            triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), split)](
+            a, b, work, s, M, N, K, *sa, *sb, *work.stride(), *ss, 1.0, 0.0, SPLIT_K=split,
+            HAS_BIAS=False, ACC=acc, UPCAST=upcast, PRECISION=precision)
+        _splitk_reduce_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),
+                                            triton.cdiv(N, meta["BLOCK_N"]))](
+            work, c, s, M, N, *sc[1:], *ss[1:], alpha, beta, SPLIT_K=split,
+            HAS_BIAS=bias is not None, ACC=acc)
+
+
+def _prepare_out(out: Tensor, shape: tuple[int, ...], dtype: torch.dtype,
+                 *inputs: Tensor) -> None:
+    """Check an ``out=`` tensor as aten does, then resize it to ``shape`` if needed."""
+    if out.layout != torch.strided or out.device != inputs[0].device:
+        raise Unsupported("out on another device or layout")
+    if out.dtype != dtype:
+        raise Unsupported("out dtype differs from the result dtype")
+    base = out.untyped_storage().data_ptr()  # 0 for an unallocated (empty) storage
+    if base and any(t.untyped_storage().data_ptr() == base for t in inputs):
+        raise Unsupported("out shares memory with an input")
+    if tuple(out.shape) != shape:
+        out.resize_(shape)
+
+
+def _mm_shapes(a: Tensor, b: Tensor) -> tuple[int, int, int]:
+    if a.dim() != 2 or b.dim() != 2:
+        raise Unsupported("mm takes 2-D operands")
+    if a.shape[1] != b.shape[0]:
+        raise Unsupported("mm operand shapes do not match")
+    return a.shape[0], a.shape[1], b.shape[1]
+
+
+def mm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """Matrix product of a [M, K] and a [K, N] matrix.
+
+    Args:
+        input: The left matrix (any strides: transposed views are read in place).
+        mat2: The right matrix, same dtype and device.
+        out: Optional result tensor (resized to [M, N]; its dtype must be the inputs').
+
+    Returns:
+        The [M, N] product; zeros when K is 0.
+    """
+    dtype = _check(input, mat2)
+    M, _, N = _mm_shapes(input, mat2)
+    if out is None:
+        out = torch.empty((M, N), dtype=dtype, device=input.device)
+    else:
+        _prepare_out(out, (M, N), dtype, input, mat2)
+    _launch(input, mat2, out, None, 1.0, 0.0)
+    return out
+
+
+def bmm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """Batched matrix product of [B, M, K] and [B, K, N] tensors.
+
+    Args:
+        input: The left batch of matrices (any strides).
+        mat2: The right batch, same batch size, dtype and device.
+        out: Optional result tensor (resized to [B, M, N]).
+
+    Returns:
+        The [B, M, N] products.
+    """
+    dtype = _check(input, mat2)
+    if input.dim() != 3 or mat2.dim() != 3:
+        raise Unsupported("bmm takes 3-D operands")
+    if input.shape[0] != mat2.shape[0] or input.shape[2] != mat2.shape[1]:
+        raise Unsupported("bmm operand shapes do not match")
+    shape = (input.shape[0], input.shape[1], mat2.shape[2])
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=input.device)
+    else:
+        _prepare_out(out, shape, dtype, input, mat2)
+    _launch(input, mat2, out, None, 1.0, 0.0)
+    return out
+
+
+def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: float = 1,
+          out: Tensor | None = None) -> Tensor:
+    """``beta * input + alpha * (mat1 @ mat2)`` in one kernel (the epilogue is fused).
+
+    Args:
+        input: Added term, broadcastable to [M, N]; not read when ``beta`` is 0 (its nan
+            and inf then do not propagate, as in torch).
+        mat1: The [M, K] left matrix.
+        mat2: The [K, N] right matrix.
+        beta: Scale of ``input``.
+        alpha: Scale of the product.
+        out: Optional result tensor (resized to [M, N]).
+
+    Returns:
+        The [M, N] result.
+    """
+    dtype = _check(input, mat1, mat2)
+    M, _, N = _mm_shapes(mat1, mat2)
+    beta_f, alpha_f = _scalar(beta, "beta"), _scalar(alpha, "alpha")
+    if input.dim() > 2:
+        raise Unsupported("addmm's self has more than 2 dims")
+    try:
+        bias = input.expand(M, N)
+    except RuntimeError:
+        raise Unsupported("addmm's self does not broadcast to the product") from None
+    if out is None:
+        out = torch.empty((M, N), dtype=dtype, device=mat1.device)
+    else:
+        _prepare_out(out, (M, N), dtype, input, mat1, mat2)
+    _launch(mat1, mat2, out, bias if beta_f != 0 else None, alpha_f, beta_f)
+    return out
+
+
+def _mm_out(self: Tensor, mat2: Tensor, *, out: Tensor) -> Tensor:
+    return mm(self, mat2, out=out)
+
+
+def _bmm_default(self: Tensor, mat2: Tensor) -> Tensor:
+    return bmm(self, mat2)
+
+
+def _bmm_out(self: Tensor, mat2: Tensor, *, out: Tensor) -> Tensor:
+    return bmm(self, mat2, out=out)
+
+
+def _mm_default(self: Tensor, mat2: Tensor) -> Tensor:
+    return mm(self, mat2)
+
+
+def _addmm_default(self: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1,
+                   alpha: Any = 1) -> Tensor:
+    return addmm(self, mat1, mat2, beta=beta, alpha=alpha)
+
+
+def _addmm_out(self: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1, alpha: Any = 1,
+               out: Tensor) -> Tensor:
+    return addmm(self, mat1, mat2, beta=beta, alpha=alpha, out=out)
+
+
+IMPLS: dict[str, Callable[..., Any]] = {
+    "mm.default": _mm_default,
+    "mm.out": _mm_out,
+    "bmm.default": _bmm_default,
+    "bmm.out": _bmm_out,
+    "addmm.default": _addmm_default,
+    "addmm.out": _addmm_out,
+}

@@ -1,0 +1,346 @@
+"""Layer norm and RMS norm, forward and backward: row-wise kernels with fp32 statistics.
+
+Each program normalizes ``BLOCK_M`` rows, walking a row in ``BLOCK_N`` chunks, so any row
+length works. Statistics come from one pass (per-lane Welford for mean and variance,
+exact once the lanes are combined); the chunk loaded last stays in registers for the
+second, normalizing pass, so a row that fits in one chunk is read once. The weight and
+bias gradients are column sums over all rows: partial sums over row slices, then a sum
+of the partials, without atomics (deterministic).
+
+torch reaches these kernels through ``native_layer_norm`` (every device) and through
+``_fused_rms_norm`` (the backend kernel ``rms_norm`` calls on accelerators; on the CPU
+``rms_norm`` is a composite of pointwise ops, so :func:`rms_norm` is the way in there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+import gemshal
+from gemsops.errors import Unsupported
+from gemsops.ops.norm_kernels import KERNELS as _KERNELS
+from gemsops.ops.norm_kernels import column_sum_kernel as _column_sum_kernel
+
+__all__ = [
+    "IMPLS",
+    "fused_rms_norm",
+    "fused_rms_norm_backward",
+    "layer_norm",
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "rms_norm",
+]
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _acc(dtype: torch.dtype) -> tuple[Any, torch.dtype]:
+    return (tl.float64, torch.float64) if dtype == torch.float64 else (tl.float32, torch.float32)
+
+
+def _rows(x: Tensor, normalized_shape: Sequence[int], *params: Tensor | None) -> tuple[int, int]:
+    """Check the inputs as the aten kernels do; return (rows, row length)."""
+    if x.layout != torch.strided or x.dtype not in _FLOATS:
+        raise Unsupported(f"norm of a {x.layout} {x.dtype} tensor")
+    ns = tuple(int(s) for s in normalized_shape)
+    if not ns or x.dim() < len(ns) or tuple(x.shape[x.dim() - len(ns):]) != ns:
+        raise Unsupported("normalized_shape does not match the input's trailing dims")
+    for p in params:
+        if p is not None and (p.layout != torch.strided or p.dtype not in _FLOATS
+                              or p.device != x.device or tuple(p.shape) != ns):
+            raise Unsupported("weight/bias shape, dtype, layout or device unsupported")
+    if x.dtype == torch.float64 and not gemshal.current_device().vendor.capabilities.fp64:
+        raise Unsupported("float64 on a device without fp64")
+    N = math.prod(ns)
+    M = x.numel() // N if N else math.prod(x.shape[: x.dim() - len(ns)])
+    if N == 0 and M != 0:
+        raise Unsupported("empty normalized shape")  # torch defines stats of 0 elements
+    return M, N
+
+
+def _as_rows(t: Tensor, M: int, N: int) -> tuple[Tensor, int]:
+    """``t`` as [M, N] rows with unit column stride, and the row stride (copying only when
+    no such view exists)."""
+    if t.is_contiguous():
+        return t, N
+    t2 = t.reshape(M, N)
+    if t2.stride(1) != 1 and N != 1:
+        t2 = t2.contiguous()
+    return t2, t2.stride(0)
+
+
+def _flat(t: Tensor | None) -> Tensor | None:
+    # Parameters are indexed as flat contiguous [N] arrays.
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
+def _forward(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,
+             bias: Tensor | None, eps: float, rms: bool,
+             stat_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    M, N = _rows(x, normalized_shape, weight, bias)
+    axis = x.dim() - len(normalized_shape)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    stat_shape = (*x.shape[:axis], *([1] * len(normalized_shape)))
+    rstd = torch.empty(stat_shape, dtype=stat_dtype, device=x.device)
+    # RMS norm has no mean: its slot repeats rstd (never written by the kernel).
+    mean = rstd if rms else torch.empty(stat_shape, dtype=stat_dtype, device=x.device)
+    if M == 0:
+        return y, mean, rstd
+    x2, stride_x = _as_rows(x, M, N)
+    w, b = _flat(weight), _flat(bias)
+    kernel = _KERNELS[rms][0]
+    with gemshal.device_guard(x.device):
+        kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)](
+            x2, w if w is not None else x2, b if b is not None else x2, y, mean, rstd,
+            M, N, stride_x, N, float(eps),
+            IS_RMS=rms, HAS_W=w is not None, HAS_B=b is not None, ACC=_acc(x.dtype)[0])
+    return y, mean, rstd
+
+
+def _param_grads(dy2: Tensor, sdy: int, x2: Tensor, sx: int, mean: Tensor, rstd: Tensor,
+                 M: int, N: int, rms: bool, dw_dtype: torch.dtype, db_dtype: torch.dtype | None
+                 ) -> tuple[Tensor, Tensor | None]:
+    """Column sums: grad_weight = sum(dy * x_hat), grad_bias = sum(dy) over the M rows."""
+    acc_tl, acc_t = _acc(x2.dtype)
+    # Row slices per column block: enough programs to fill the device, slices of >= 32 rows.
+    # No rows (M = 0): no partials, and the column sums below write zeros.
+    parts = min(triton.cdiv(M, 32), 4 * gemshal.current_device().multiprocessor_count)
+    rows_per = triton.cdiv(M, max(parts, 1))
+    parts = triton.cdiv(M, rows_per) if M else 0
+    dev = x2.device
+    pw = torch.empty((parts, N), dtype=acc_t, device=dev)
+    pb = torch.empty((parts, N), dtype=acc_t, device=dev) if db_dtype is not None else pw
+    dw = torch.empty(N, dtype=dw_dtype, device=dev)
+    db = torch.empty(N, dtype=db_dtype, device=dev) if db_dtype is not None else None
+    kernel = _KERNELS[rms][2]
+    if parts:
+        kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), parts)](
+            dy2, x2, mean, rstd, pw, pb, M, N, sdy, sx, rows_per,
+            IS_RMS=rms, HAS_DB=db is not None, ACC=acc_tl)
+    for part, out in ((pw, dw), (pb, db)):
+        if out is not None:
+            _column_sum_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](part, out, parts, N)
+    return dw, db
+
+
+def _backward(dy: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Tensor | None,
+              rstd: Tensor, weight: Tensor | None, bias: Tensor | None,
+              mask: Sequence[bool], rms: bool) -> tuple[Tensor | None, ...]:
+    M, N = _rows(x, normalized_shape, weight, bias)
+    if dy.shape != x.shape or dy.device != x.device or dy.dtype not in _FLOATS:
+        raise Unsupported("grad_out does not match the input")
+    if any(t is not None and (t.device != x.device or t.numel() != M) for t in (mean, rstd)):
+        raise Unsupported("statistics do not match the input")
+    want_dx, want_dw = bool(mask[0]), bool(mask[1]) and weight is not None
+    want_db = (not rms) and bool(mask[2]) and bias is not None
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
+    (x2, sx), (dy2, sdy) = _as_rows(x, M, N), _as_rows(dy, M, N)
+    rstd_f = rstd if rstd.is_contiguous() else rstd.contiguous()
+    # RMS norm has no mean: its slot repeats rstd (never read by the kernels).
+    mean_f = rstd_f if mean is None else _flat(mean)
+    assert mean_f is not None
+    w = _flat(weight)
+    dw = db = None
+    with gemshal.device_guard(x.device):
+        if dx is not None and M:
+            kernel = _KERNELS[rms][1]
+            kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)](
+                dy2, x2, w if w is not None else x2, mean_f, rstd_f, dx, M, N, sdy, sx, N,
+                IS_RMS=rms, HAS_W=w is not None, ACC=_acc(x.dtype)[0])
+        if want_dw or want_db:
+            dw_dtype = weight.dtype if weight is not None else x.dtype
+            db_dtype = bias.dtype if want_db and bias is not None else None
+            dw, db = _param_grads(dy2, sdy, x2, sx, mean_f, rstd_f, M, N, rms, dw_dtype, db_dtype)
+    if dw is not None and weight is not None:
+        dw = dw.view(weight.shape)
+    if db is not None and bias is not None:
+        db = db.view(bias.shape)
+    return dx, dw if want_dw else None, db
+
+
+def _ln_stat_dtype(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> torch.dtype:
+    """The dtype torch gives layer norm's mean and rstd, which its backward kernels expect."""
+    for p in (weight, bias):
+        mixed = x.dtype in (torch.float16, torch.bfloat16) and p is not None \
+            and p.dtype == torch.float32
+        if p is not None and p.dtype != x.dtype and not mixed:
+            raise Unsupported("weight/bias dtype differs from the input's")
+    if x.device.type != "cpu":
+        return _acc(x.dtype)[1]
+    # torch's CPU kernel keeps the statistics in the input dtype, or in the parameters'
+    # when a half input has fp32 parameters.
+    p = weight if weight is not None else bias
+    return p.dtype if p is not None else x.dtype
+
+
+def _shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
+    if isinstance(normalized_shape, int):
+        return (normalized_shape,)
+    return tuple(int(s) for s in normalized_shape)
+
+
+def native_layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,
+                      bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Layer norm over the trailing ``normalized_shape`` dims, with its statistics.
+
+    Args:
+        input: The tensor to normalize (any strides; float16/bfloat16/float32/float64).
+        normalized_shape: The trailing dims normalized together.
+        weight: Optional scale of ``normalized_shape`` (fp32 with a half input is allowed).
+        bias: Optional shift of ``normalized_shape``.
+        eps: Added to the variance.
+
+    Returns:
+        ``(out, mean, rstd)``; the statistics have the input's leading shape followed by
+        ones, in the dtype torch's kernel for this device uses.
+
+    Raises:
+        Unsupported: an input this kernel does not take (torch's kernel serves it).
+    """
+    ns = _shape(normalized_shape)
+    return _forward(input, ns, weight, bias, eps, False, _ln_stat_dtype(input, weight, bias))
+
+
+def native_layer_norm_backward(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int],
+                               mean: Tensor, rstd: Tensor, weight: Tensor | None,
+                               bias: Tensor | None, output_mask: Sequence[bool]
+                               ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """Gradients of layer norm: ``(grad_input, grad_weight, grad_bias)``, None where masked off.
+
+    Raises:
+        Unsupported: an input this kernel does not take.
+    """
+    _ln_stat_dtype(input, weight, bias)
+    dx, dw, db = _backward(grad_out, input, _shape(normalized_shape), mean, rstd, weight, bias,
+                           output_mask, False)
+    return dx, dw, db
+
+
+def _rms_eps(dtype: torch.dtype, eps: float | None) -> float:
+    # torch's default: the machine epsilon of the accumulation type (not of the input's).
+    return float(eps) if eps is not None else torch.finfo(_acc(dtype)[1]).eps
+
+
+def fused_rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,
+                   eps: float | None) -> tuple[Tensor, Tensor]:
+    """RMS norm with its statistic: ``(out, rstd)``, rstd in fp32 (fp64 for fp64 input).
+
+    Raises:
+        Unsupported: an input this kernel does not take.
+    """
+    y, _, rstd = _forward(input, _shape(normalized_shape), weight, None,
+                          _rms_eps(input.dtype, eps), True, _acc(input.dtype)[1])
+    return y, rstd
+
+
+def fused_rms_norm_backward(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int],
+                            rstd: Tensor, weight: Tensor | None, output_mask: Sequence[bool]
+                            ) -> tuple[Tensor | None, Tensor | None]:
+    """Gradients of RMS norm: ``(grad_input, grad_weight)``, None where masked off.
+
+    Raises:
+        Unsupported: an input this kernel does not take.
+    """
+    dx, dw, _ = _backward(grad_out, input, _shape(normalized_shape), None, rstd, weight, None,
+                          (*output_mask, False), True)
+    return dx, dw
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, ns: tuple[int, ...], w: Tensor | None, b: Tensor | None,
+                eps: float) -> Tensor:
+        y, mean, rstd = native_layer_norm(x, ns, w, b, eps)
+        ctx.save_for_backward(x, w, b, mean, rstd)
+        ctx.ns = ns
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
+        x, w, b, mean, rstd = ctx.saved_tensors
+        mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3])
+        dx, dw, db = native_layer_norm_backward(dy, x, ctx.ns, mean, rstd, w, b, mask)
+        return dx, None, dw, db, None
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, ns: tuple[int, ...], w: Tensor | None,
+                eps: float | None) -> Tensor:
+        y, rstd = fused_rms_norm(x, ns, w, eps)
+        ctx.save_for_backward(x, w, rstd)
+        ctx.ns = ns
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
+        x, w, rstd = ctx.saved_tensors
+        mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[2])
+        dx, dw = fused_rms_norm_backward(dy, x, ctx.ns, rstd, w, mask)
+        return dx, None, dw, None
+
+
+def _needs_grad(*tensors: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def layer_norm(input: Tensor, normalized_shape: int | Sequence[int],
+               weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """``torch.nn.functional.layer_norm`` on gemsops kernels, differentiable.
+
+    Args:
+        input: The tensor to normalize.
+        normalized_shape: The trailing dims normalized together.
+        weight: Optional elementwise scale.
+        bias: Optional elementwise shift.
+        eps: Added to the variance.
+
+    Returns:
+        The normalized tensor, in the input's dtype.
+
+    Raises:
+        Unsupported: an input these kernels do not take.
+    """
+    ns = _shape(normalized_shape)
+    if _needs_grad(input, weight, bias):
+        return _LayerNorm.apply(input, ns, weight, bias, eps)  # type: ignore[no-any-return]
+    return native_layer_norm(input, ns, weight, bias, eps)[0]
+
+
+def rms_norm(input: Tensor, normalized_shape: int | Sequence[int],
+             weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """``torch.nn.functional.rms_norm`` on gemsops kernels, differentiable.
+
+    Args:
+        input: The tensor to normalize.
+        normalized_shape: The trailing dims normalized together.
+        weight: Optional elementwise scale.
+        eps: Added to the mean square; None means the machine epsilon of float32
+            (float64 for a float64 input), as in torch.
+
+    Returns:
+        ``input * rsqrt(mean(input^2) + eps) * weight`` in the input's dtype.
+
+    Raises:
+        Unsupported: an input these kernels do not take.
+    """
+    ns = _shape(normalized_shape)
+    if _needs_grad(input, weight):
+        return _RMSNorm.apply(input, ns, weight, eps)  # type: ignore[no-any-return]
+    return fused_rms_norm(input, ns, weight, eps)[0]
+
+
+IMPLS: dict[str, Callable[..., Any]] = {
+    "native_layer_norm.default": native_layer_norm,
+    "native_layer_norm_backward.default": native_layer_norm_backward,
+    "_fused_rms_norm.default": fused_rms_norm,
+    "_fused_rms_norm_backward.default": fused_rms_norm_backward,
+}

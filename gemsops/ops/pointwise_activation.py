@@ -1,0 +1,137 @@
+"""Pointwise math functions and activations, with the backward ops autograd calls for them.
+
+exp, log, sqrt, rsqrt, reciprocal, sin, cos, tanh and sigmoid promote integers to the
+default float dtype (torch's INT_TO_FLOAT); relu and threshold keep integer dtypes;
+gelu and silu take floating tensors only. The backward ops are the ones autograd's
+formulas call (``sigmoid_backward(grad, result)``, ``threshold_backward(grad, result, 0)``
+for relu...); the rest of the chain rule for these ops is pointwise mul/div/neg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from gemsops.errors import Unsupported
+from gemsops.ops import pointwise_math as M
+from gemsops.ops.pointwise_iterator import ALL_DTYPES, FLOAT_DTYPES, run
+from gemsops.ops.pointwise_iterator import PointwiseOp as Op
+from gemsops.ops.pointwise_iterator import Promotion as P
+
+__all__ = [
+    "UNARY", "cos", "cos_", "exp", "exp_", "gelu", "gelu_", "gelu_backward", "log", "log_",
+    "reciprocal", "reciprocal_", "relu", "relu_", "rsqrt", "rsqrt_", "sigmoid",
+    "sigmoid_", "sigmoid_backward", "silu", "silu_", "silu_backward", "sin", "sin_", "sqrt",
+    "sqrt_", "tanh", "tanh_", "tanh_backward", "threshold", "threshold_",
+    "threshold_backward",
+]
+
+Number = bool | int | float
+_NO_BOOL = ALL_DTYPES - {torch.bool}
+
+_FLOAT_RESULTS = ("exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid")
+UNARY = {name: Op(name, getattr(M, name), "p", P.INT_TO_FLOAT) for name in _FLOAT_RESULTS}
+UNARY["relu"] = Op("relu", M.relu, "p", dtypes=_NO_BOOL)
+UNARY["silu"] = Op("silu", M.silu, "p", dtypes=FLOAT_DTYPES)
+GELU = {
+    "none": Op("gelu", M.gelu, "p", dtypes=FLOAT_DTYPES),
+    "tanh": Op("gelu", M.gelu_tanh, "p", dtypes=FLOAT_DTYPES),
+}
+# torch converts threshold's scalars with a range check; threshold_backward's without.
+THRESHOLD = Op("threshold", M.threshold, "pvv", P.FIRST, _NO_BOOL, scalars="checked")
+SIGMOID_BACKWARD = Op("sigmoid_backward", M.sigmoid_backward, "pp", dtypes=FLOAT_DTYPES)
+TANH_BACKWARD = Op("tanh_backward", M.tanh_backward, "pp", dtypes=FLOAT_DTYPES)
+SILU_BACKWARD = Op("silu_backward", M.silu_backward, "pp", dtypes=FLOAT_DTYPES)
+GELU_BACKWARD = {
+    "none": Op("gelu_backward", M.gelu_backward, "pp", dtypes=FLOAT_DTYPES),
+    "tanh": Op("gelu_backward", M.gelu_tanh_backward, "pp", dtypes=FLOAT_DTYPES),
+}
+THRESHOLD_BACKWARD = Op("threshold_backward", M.threshold_backward, "ppv", dtypes=_NO_BOOL)
+
+
+def _unary(name: str, doc: str) -> tuple[Callable[..., Tensor], Callable[..., Tensor]]:
+    op = UNARY[name]
+
+    def fn(self: Tensor, *, out: Tensor | None = None) -> Tensor:
+        return run(op, (self,), out=out)
+
+    def fn_(self: Tensor) -> Tensor:
+        return run(op, (self,), out=self, inplace=True)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn_.__name__ = fn_.__qualname__ = name + "_"
+    fn.__doc__, fn_.__doc__ = doc, f"In-place :func:`{name}`."
+    return fn, fn_
+
+
+exp, exp_ = _unary("exp", "e ** self (to about 1 ulp in float32).")
+log, log_ = _unary("log", "Natural logarithm.")
+sqrt, sqrt_ = _unary("sqrt", "Square root, correctly rounded.")
+rsqrt, rsqrt_ = _unary("rsqrt", "1 / sqrt(self).")
+reciprocal, reciprocal_ = _unary("reciprocal", "1 / self.")
+sin, sin_ = _unary("sin", "Sine.")
+cos, cos_ = _unary("cos", "Cosine.")
+tanh, tanh_ = _unary("tanh", "Hyperbolic tangent.")
+sigmoid, sigmoid_ = _unary("sigmoid", "1 / (1 + exp(-self)).")
+relu, relu_ = _unary("relu", "max(self, 0); nan stays nan; integer dtypes stay integer.")
+silu, silu_ = _unary("silu", "self * sigmoid(self).")
+
+
+def _pick(table: dict[str, Op], approximate: str) -> Op:
+    op = table.get(approximate)
+    if op is None:
+        raise Unsupported(f"approximate={approximate!r}")  # torch raises
+    return op
+
+
+def gelu(self: Tensor, *, approximate: str = "none", out: Tensor | None = None) -> Tensor:
+    """GELU: ``x * Phi(x)`` (``"none"``, with erf) or its tanh approximation (``"tanh"``)."""
+    return run(_pick(GELU, approximate), (self,), out=out)
+
+
+def gelu_(self: Tensor, *, approximate: str = "none") -> Tensor:
+    """In-place :func:`gelu`."""
+    return run(_pick(GELU, approximate), (self,), out=self, inplace=True)
+
+
+def threshold(self: Tensor, threshold: Number, value: Number, *,
+              out: Tensor | None = None) -> Tensor:
+    """``value`` where ``self <= threshold``, else ``self``."""
+    return run(THRESHOLD, (self, threshold, value), out=out)
+
+
+def threshold_(self: Tensor, threshold: Number, value: Number) -> Tensor:
+    """In-place :func:`threshold`."""
+    return run(THRESHOLD, (self, threshold, value), out=self, inplace=True)
+
+
+def sigmoid_backward(grad_output: Tensor, output: Tensor, *,
+                     grad_input: Tensor | None = None) -> Tensor:
+    """``grad_output * (1 - output) * output``, given sigmoid's output."""
+    return run(SIGMOID_BACKWARD, (grad_output, output), out=grad_input)
+
+
+def tanh_backward(grad_output: Tensor, output: Tensor, *,
+                  grad_input: Tensor | None = None) -> Tensor:
+    """``grad_output * (1 - output ** 2)``, given tanh's output."""
+    return run(TANH_BACKWARD, (grad_output, output), out=grad_input)
+
+
+def silu_backward(grad_output: Tensor, self: Tensor, *,
+                  grad_input: Tensor | None = None) -> Tensor:
+    """silu's gradient ``s * (1 + x * (1 - s))`` with ``s = sigmoid(x)``, times grad_output."""
+    return run(SILU_BACKWARD, (grad_output, self), out=grad_input)
+
+
+def gelu_backward(grad_output: Tensor, self: Tensor, *, approximate: str = "none",
+                  grad_input: Tensor | None = None) -> Tensor:
+    """gelu's gradient at ``self`` (for either ``approximate``), times grad_output."""
+    return run(_pick(GELU_BACKWARD, approximate), (grad_output, self), out=grad_input)
+
+
+def threshold_backward(grad_output: Tensor, self: Tensor, threshold: Number, *,
+                       grad_input: Tensor | None = None) -> Tensor:
+    """``0`` where ``self <= threshold``, else ``grad_output`` (relu's backward at 0)."""
+    return run(THRESHOLD_BACKWARD, (grad_output, self, threshold), out=grad_input)

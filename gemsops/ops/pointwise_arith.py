@@ -1,0 +1,343 @@
+"""Pointwise arithmetic, comparison, logic and selection: add ... pow, eq ... ge, where, clamp.
+
+Each op is a :class:`~gemsops.ops.pointwise_iterator.PointwiseOp` (an element function
+from :mod:`gemsops.ops.pointwise_math` with operand roles and a promotion kind) run by
+the shared generator. The host functions pick the op and check what torch checks before
+its kernel runs (bool subtraction, float alpha with integers, integer division by zero
+where it can be seen, pow's exponent range...). Every function has an ``out=`` form and
+an in-place twin (``add_``), as in torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from gemsops.errors import Unsupported
+from gemsops.ops import pointwise_math as M
+from gemsops.ops.pointwise_iterator import (
+    ALL_DTYPES,
+    FLOAT_DTYPES,
+    broadcast_shape,
+    has_fp64,
+    overflows,
+    result_type,
+    run,
+)
+from gemsops.ops.pointwise_iterator import PointwiseOp as Op
+from gemsops.ops.pointwise_iterator import Promotion as P
+
+__all__ = [
+    "abs", "abs_", "add", "add_", "clamp", "clamp_", "clamp_max", "clamp_max_", "clamp_min",
+    "clamp_min_", "div", "div_", "eq", "eq_", "ge", "ge_", "gt", "gt_", "le", "le_",
+    "logical_and", "logical_and_", "logical_not", "logical_not_", "logical_or", "logical_or_",
+    "lt", "lt_", "masked_fill", "masked_fill_", "maximum", "minimum", "mul", "mul_", "ne",
+    "ne_", "neg", "neg_", "pow", "pow_", "rsub", "sign", "sign_", "sub", "sub_", "where",
+]
+
+Number = bool | int | float
+Value = Tensor | Number
+_NO_BOOL = ALL_DTYPES - {torch.bool}
+
+ADD = Op("add", M.add, "pp")
+ADD_ALPHA = Op("add", M.add_alpha, "ppa")
+SUB = Op("sub", M.sub, "pp", dtypes=_NO_BOOL)
+SUB_ALPHA = Op("sub", M.sub_alpha, "ppa", dtypes=_NO_BOOL)
+MUL = Op("mul", M.mul, "pp")
+DIV = {
+    None: Op("div", M.div_true, "pp", P.INT_TO_FLOAT),
+    "trunc": Op("div", M.div_trunc, "pp", dtypes=_NO_BOOL),
+    "floor": Op("div", M.div_floor, "pp", dtypes=_NO_BOOL),
+}
+NEG = Op("neg", M.neg, "p", dtypes=_NO_BOOL)
+ABS = Op("abs", M.absolute, "p", dtypes=_NO_BOOL)
+SIGN = Op("sign", M.sign, "p")
+MAXIMUM = Op("maximum", M.maximum, "pp")
+MINIMUM = Op("minimum", M.minimum, "pp")
+# torch converts clamp's scalar bounds with a range check (float16 and 1e30 raise).
+CLAMP = Op("clamp", M.clamp, "ppp", dtypes=_NO_BOOL, scalars="checked")
+CLAMP_MIN = Op("clamp_min", M.maximum, "pp", dtypes=_NO_BOOL, scalars="checked")
+CLAMP_MAX = Op("clamp_max", M.minimum, "pp", dtypes=_NO_BOOL, scalars="checked")
+WHERE = Op("where", M.where, "bpp")
+MASKED_FILL = Op("masked_fill", M.masked_fill, "pbv", P.FIRST, scalars="checked")
+COPY = Op("copy", M.identity, "p")
+FILL = Op("fill", M.identity, "v", P.OUTPUT, scalars="checked")
+# Comparisons cast a scalar to the common dtype (float16 x == 1e30 compares with inf).
+COMPARE = {name: Op(name, getattr(M, name), "pp", P.ALWAYS_BOOL, scalars="common")
+           for name in ("eq", "ne", "lt", "le", "gt", "ge")}
+LOGICAL = {
+    "logical_and": Op("logical_and", M.logical_and, "pp", P.ALWAYS_BOOL),
+    "logical_or": Op("logical_or", M.logical_or, "pp", P.ALWAYS_BOOL),
+    "logical_not": Op("logical_not", M.logical_not, "p", P.ALWAYS_BOOL),
+}
+# pow casts a scalar base or exponent to the common dtype, as torch does (so a bfloat16
+# tensor ** 2.3 uses 2.296875).
+POW_INT = Op("pow", M.pow_int, "pp", dtypes=ALL_DTYPES - FLOAT_DTYPES - {torch.bool},
+             scalars="common")
+POW_FLOAT = Op("pow", M.pow_float, "pp", dtypes=FLOAT_DTYPES, scalars="common")
+POW_FLOAT_WIDE = Op("pow", M.pow_float_wide, "pp", dtypes=FLOAT_DTYPES, scalars="common")
+# torch's pow(x, scalar) runs these for the exponents named (so (-inf) ** 0.5 is nan).
+_POW_SPECIAL = {
+    2: Op("pow", M.square, "p"),
+    3: Op("pow", M.cube, "p"),
+    0.5: Op("pow", M.sqrt, "p", dtypes=FLOAT_DTYPES),
+    -0.5: Op("pow", M.rsqrt, "p", dtypes=FLOAT_DTYPES),
+    -1: Op("pow", M.reciprocal, "p", dtypes=FLOAT_DTYPES),
+    -2: Op("pow", M.inv_square, "p", dtypes=FLOAT_DTYPES),
+}
+
+
+# --- add, sub, mul, div -----------------------------------------------------------
+
+
+def _add(sub: bool, self: Value, other: Value, alpha: Number, out: Tensor | None,
+         inplace: bool = False) -> Tensor:
+    if sub and any(isinstance(x, bool) or (isinstance(x, Tensor) and x.dtype == torch.bool)
+                   for x in (self, other)):
+        raise Unsupported("subtraction with a bool tensor")  # torch raises
+    if type(alpha) is int and alpha == 1:
+        return run(SUB if sub else ADD, (self, other), out=out, inplace=inplace)
+    common = result_type([self, other])
+    if isinstance(alpha, float) and not common.is_floating_point:
+        raise Unsupported("a float alpha with integer inputs")  # torch raises
+    if isinstance(alpha, bool) and common != torch.bool:
+        raise Unsupported("a bool alpha with non-bool inputs")  # torch raises
+    return run(SUB_ALPHA if sub else ADD_ALPHA, (self, other, alpha), out=out, inplace=inplace)
+
+
+def add(self: Tensor, other: Value, *, alpha: Number = 1, out: Tensor | None = None) -> Tensor:
+    """``self + alpha * other``, broadcast, with torch's type promotion."""
+    return _add(False, self, other, alpha, out)
+
+
+def add_(self: Tensor, other: Value, *, alpha: Number = 1) -> Tensor:
+    """In-place :func:`add`."""
+    return _add(False, self, other, alpha, self, True)
+
+
+def sub(self: Tensor, other: Value, *, alpha: Number = 1, out: Tensor | None = None) -> Tensor:
+    """``self - alpha * other`` (bool operands are refused, as in torch)."""
+    return _add(True, self, other, alpha, out)
+
+
+def sub_(self: Tensor, other: Value, *, alpha: Number = 1) -> Tensor:
+    """In-place :func:`sub`."""
+    return _add(True, self, other, alpha, self, True)
+
+
+def rsub(self: Tensor, other: Value, *, alpha: Number = 1) -> Tensor:
+    """``other - alpha * self``."""
+    return _add(True, other, self, alpha, None)
+
+
+def mul(self: Tensor, other: Value, *, out: Tensor | None = None) -> Tensor:
+    """``self * other``."""
+    return run(MUL, (self, other), out=out)
+
+
+def mul_(self: Tensor, other: Value) -> Tensor:
+    """In-place :func:`mul`."""
+    return run(MUL, (self, other), out=self, inplace=True)
+
+
+def _has_zero(x: Value) -> bool:
+    """Whether a divisor has a zero, where that can be seen without a device sync.
+
+    A CPU tensor is read through numpy (no torch op, so no re-entry into gemsops). On a
+    device an integer division by zero gives an unspecified value, as torch's does.
+    """
+    if not isinstance(x, Tensor):
+        return x == 0
+    if x.device.type != "cpu" or x.dtype.is_floating_point:
+        return False
+    return bool((x.detach().numpy() == 0).any())
+
+
+def _div(self: Value, other: Value, rounding_mode: str | None, out: Tensor | None,
+         inplace: bool = False) -> Tensor:
+    op = DIV.get(rounding_mode)  # type: ignore[call-overload]
+    if op is None:
+        raise Unsupported(f"rounding_mode {rounding_mode!r}")  # torch raises
+    if rounding_mode is not None and not result_type([self, other]).is_floating_point \
+            and _has_zero(other):
+        raise Unsupported("integer division by zero")  # torch's CPU kernel raises
+    return run(op, (self, other), out=out, inplace=inplace)
+
+
+def div(self: Tensor, other: Value, *, rounding_mode: str | None = None,
+        out: Tensor | None = None) -> Tensor:
+    """``self / other``: true division (integers give floats), or ``"trunc"``/``"floor"``."""
+    return _div(self, other, rounding_mode, out)
+
+
+def div_(self: Tensor, other: Value, *, rounding_mode: str | None = None) -> Tensor:
+    """In-place :func:`div`."""
+    return _div(self, other, rounding_mode, self, True)
+
+
+# --- pow --------------------------------------------------------------------------
+
+
+def _full(value: Number, a: Value, b: Value, dtype: torch.dtype, out: Tensor | None,
+          inplace: bool) -> Tensor:
+    shape = broadcast_shape([x.shape for x in (a, b) if isinstance(x, Tensor)])
+    if out is None:
+        device = next(x.device for x in (a, b) if isinstance(x, Tensor))
+        out = torch.empty(shape, dtype=dtype, device=device)
+    elif inplace and out.shape != shape:
+        raise Unsupported(f"in-place output of shape {tuple(out.shape)}, broadcast {shape}")
+    elif not torch.can_cast(dtype, out.dtype):
+        raise Unsupported(f"a {dtype} result cannot be cast to a {out.dtype} output")
+    elif out.shape != shape:
+        out.resize_(shape)
+    return run(FILL, (value,), out=out, inplace=True)
+
+
+def _pow(self: Value, exponent: Value, out: Tensor | None, inplace: bool = False) -> Tensor:
+    common = result_type([self, exponent])
+    if isinstance(self, Tensor) and not isinstance(exponent, Tensor):
+        if overflows(exponent, common):
+            raise Unsupported(f"exponent {exponent} overflows {common}")  # checked cast
+        # torch's pow(tensor, scalar) fills for 0, copies for 1, and runs sqrt, x * x...
+        # for the exponents in _POW_SPECIAL.
+        if exponent == 0:
+            return _full(1, self, exponent, common, out, inplace)
+        if exponent == 1:
+            return run(COPY, (self,), out=out, inplace=inplace, common=common)
+        if not common.is_floating_point and exponent < 0:
+            raise Unsupported("integers to negative integer powers")  # torch raises
+        special = _POW_SPECIAL.get(exponent)  # type: ignore[call-overload]
+        if special is not None and common in special.dtypes:
+            return run(special, (self,), out=out, inplace=inplace, common=common)
+    elif not isinstance(self, Tensor | bool) and self == 1:
+        return _full(1, self, exponent, common, out, inplace)  # torch fills: 1 ** nan is 1
+    if common == torch.bool:
+        raise Unsupported("pow of bools")  # torch raises
+    if not common.is_floating_point:
+        op = POW_INT
+    else:
+        op = POW_FLOAT_WIDE if common != torch.float64 and has_fp64() else POW_FLOAT
+    return run(op, (self, exponent), out=out, inplace=inplace)
+
+
+def pow(self: Value, exponent: Value, *, out: Tensor | None = None) -> Tensor:  # noqa: A001
+    """``self ** exponent`` for tensor or Python-number base and exponent (not both numbers)."""
+    return _pow(self, exponent, out)
+
+
+def pow_(self: Tensor, exponent: Value) -> Tensor:
+    """In-place :func:`pow`."""
+    return _pow(self, exponent, self, True)
+
+
+# --- unary, comparisons, logic ----------------------------------------------------
+
+
+def _unary(op: Op, doc: str) -> tuple[Callable[..., Tensor], Callable[..., Tensor]]:
+    def fn(self: Tensor, *, out: Tensor | None = None) -> Tensor:
+        return run(op, (self,), out=out)
+
+    def fn_(self: Tensor) -> Tensor:
+        return run(op, (self,), out=self, inplace=True)
+
+    fn.__name__ = fn.__qualname__ = op.name
+    fn_.__name__ = fn_.__qualname__ = op.name + "_"
+    fn.__doc__, fn_.__doc__ = doc, f"In-place :func:`{op.name}`."
+    return fn, fn_
+
+
+def _binary(op: Op, doc: str) -> tuple[Callable[..., Tensor], Callable[..., Tensor]]:
+    def fn(self: Tensor, other: Value, *, out: Tensor | None = None) -> Tensor:
+        return run(op, (self, other), out=out)
+
+    def fn_(self: Tensor, other: Value) -> Tensor:
+        return run(op, (self, other), out=self, inplace=True)
+
+    fn.__name__ = fn.__qualname__ = op.name
+    fn_.__name__ = fn_.__qualname__ = op.name + "_"
+    fn.__doc__, fn_.__doc__ = doc, f"In-place :func:`{op.name}` (the result cast to self's dtype)."
+    return fn, fn_
+
+
+neg, neg_ = _unary(NEG, "``-self``.")
+abs, abs_ = _unary(ABS, "``|self|`` (``abs(-0.0)`` is ``0.0``).")  # noqa: A001
+sign, sign_ = _unary(SIGN, "-1, 0 or 1 by the sign of ``self`` (0 for nan); ``sgn`` for reals.")
+eq, eq_ = _binary(COMPARE["eq"], "``self == other`` as a bool tensor.")
+ne, ne_ = _binary(COMPARE["ne"], "``self != other`` as a bool tensor (true for nan).")
+lt, lt_ = _binary(COMPARE["lt"], "``self < other`` as a bool tensor.")
+le, le_ = _binary(COMPARE["le"], "``self <= other`` as a bool tensor.")
+gt, gt_ = _binary(COMPARE["gt"], "``self > other`` as a bool tensor.")
+ge, ge_ = _binary(COMPARE["ge"], "``self >= other`` as a bool tensor.")
+logical_and, logical_and_ = _binary(LOGICAL["logical_and"], "Both nonzero, as a bool tensor.")
+logical_or, logical_or_ = _binary(LOGICAL["logical_or"], "Either nonzero, as a bool tensor.")
+logical_not, logical_not_ = _unary(LOGICAL["logical_not"], "Zero, as a bool tensor.")
+maximum = _binary(MAXIMUM, "Elementwise max; nan wins.")[0]
+minimum = _binary(MINIMUM, "Elementwise min; nan wins.")[0]
+
+
+# --- selection --------------------------------------------------------------------
+
+
+def _clamp(self: Tensor, lo: Value | None, hi: Value | None, out: Tensor | None,
+           inplace: bool = False) -> Tensor:
+    if lo is None and hi is None:
+        raise Unsupported("clamp without min or max")  # torch raises
+    if lo is None:
+        return run(CLAMP_MAX, (self, hi), out=out, inplace=inplace)
+    if hi is None:
+        return run(CLAMP_MIN, (self, lo), out=out, inplace=inplace)
+    return run(CLAMP, (self, lo, hi), out=out, inplace=inplace)
+
+
+def clamp(self: Tensor, min: Value | None = None, max: Value | None = None, *,  # noqa: A002
+          out: Tensor | None = None) -> Tensor:
+    """``min(max(self, min), max)``, nan propagating; scalar or tensor bounds."""
+    return _clamp(self, min, max, out)
+
+
+def clamp_(self: Tensor, min: Value | None = None, max: Value | None = None) -> Tensor:  # noqa: A002
+    """In-place :func:`clamp`."""
+    return _clamp(self, min, max, self, True)
+
+
+def clamp_min(self: Tensor, min: Value, *, out: Tensor | None = None) -> Tensor:  # noqa: A002
+    """``max(self, min)``."""
+    return _clamp(self, min, None, out)
+
+
+def clamp_min_(self: Tensor, min: Value) -> Tensor:  # noqa: A002
+    """In-place :func:`clamp_min`."""
+    return _clamp(self, min, None, self, True)
+
+
+def clamp_max(self: Tensor, max: Value, *, out: Tensor | None = None) -> Tensor:  # noqa: A002
+    """``min(self, max)``."""
+    return _clamp(self, None, max, out)
+
+
+def clamp_max_(self: Tensor, max: Value) -> Tensor:  # noqa: A002
+    """In-place :func:`clamp_max`."""
+    return _clamp(self, None, max, self, True)
+
+
+def where(condition: Tensor, self: Value, other: Value, *, out: Tensor | None = None) -> Tensor:
+    """``self`` where ``condition`` (a bool tensor) holds, else ``other``."""
+    return run(WHERE, (condition, self, other), out=out)
+
+
+def _masked_fill(self: Tensor, mask: Tensor, value: Value, inplace: bool) -> Tensor:
+    if isinstance(value, Tensor) and value.dim() != 0:
+        raise Unsupported("masked_fill takes a 0-dim value tensor")  # torch raises
+    return run(MASKED_FILL, (self, mask, value), out=self if inplace else None, inplace=inplace)
+
+
+def masked_fill(self: Tensor, mask: Tensor, value: Value) -> Tensor:
+    """``value`` where the bool ``mask`` holds, else ``self`` (``self``'s dtype)."""
+    return _masked_fill(self, mask, value, False)
+
+
+def masked_fill_(self: Tensor, mask: Tensor, value: Value) -> Tensor:
+    """In-place :func:`masked_fill` (``mask`` broadcasts to ``self``)."""
+    return _masked_fill(self, mask, value, True)

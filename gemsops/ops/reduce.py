@@ -1,0 +1,182 @@
+"""The reductions' public ops: sum, mean, prod, amax, amin and max / min, over any dims.
+
+This module holds torch's rules (result dtypes, errors, ``out=``); the kernels and the
+pass planning are in :mod:`gemsops.ops.reduce_value`. Its :data:`IMPLS` also carries the
+tables of the family's other modules (arg-reductions, var_mean, cumsum), so the registry
+imports one module for them all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gemsops.ops import reduce_index, reduce_stats, scan
+from gemsops.ops.reduce_layout import check_dtype, check_input, dim_list, write_out
+from gemsops.ops.reduce_value import MAX, MIN, PROD, SUM, reduce
+
+__all__ = ["IMPLS", "amax", "amin", "max", "mean", "min", "prod", "sum"]
+
+
+def _sum_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    if dtype is not None:
+        return dtype
+    return torch.int64 if not x.dtype.is_floating_point else x.dtype
+
+
+_TORCH_NAMES = {
+    torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
+    torch.int32: "Int", torch.int64: "Long",
+}
+
+
+def _mean_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """mean's result dtype; integer results raise torch's RuntimeError."""
+    result = x.dtype if dtype is None else dtype
+    if not result.is_floating_point:
+        which = "Input" if dtype is None else "Optional"
+        name = _TORCH_NAMES.get(result, str(result))
+        raise RuntimeError(
+            f"mean(): could not infer output dtype. {which} dtype must be either a floating "
+            f"point or complex dtype. Got: {name}"
+        )
+    return result
+
+
+def sum(
+    x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Sum over ``dim`` (all dims when None or empty), like ``torch.sum``.
+
+    Integer and bool inputs sum to int64; half types accumulate in float32.
+
+    Args:
+        x: Input tensor.
+        dim: Dim or dims to reduce.
+        keepdim: Keep reduced dims with size 1.
+        dtype: Result dtype; the input is converted to it before summing.
+    """
+    check_input(x)
+    out_dtype = _sum_dtype(x, dtype)
+    check_dtype(out_dtype)
+    return reduce(x, dim_list(dim, x.dim()), keepdim, SUM, out_dtype)
+
+
+def mean(
+    x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,
+    dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Mean over ``dim`` (all dims when None or empty); floating results only, like torch.
+
+    The mean of an empty reduction is nan.
+    """
+    check_input(x)
+    out_dtype = _mean_dtype(x, dtype)
+    check_dtype(out_dtype)
+    dims = dim_list(dim, x.dim())
+    count = math.prod(x.shape[d] for d in dims)
+    return reduce(x, dims, keepdim, SUM, out_dtype, count=count)
+
+
+def prod(
+    x: Tensor, dim: int | None = None, keepdim: bool = False, *, dtype: torch.dtype | None = None
+) -> Tensor:
+    """Product over ``dim`` (all dims when None), like ``torch.prod``; empty gives 1."""
+    check_input(x)
+    out_dtype = _sum_dtype(x, dtype)
+    check_dtype(out_dtype)
+    dims = dim_list(None, x.dim()) if dim is None else dim_list(int(dim), x.dim())
+    return reduce(x, dims, keepdim if dim is not None else False, PROD, out_dtype)
+
+
+def _extremum(name: str, op: int, x: Tensor, dim: int | Sequence[int] | None,
+              keepdim: bool) -> Tensor:
+    check_input(x)
+    dims = dim_list(dim, x.dim())
+    everything = dim is None or (not isinstance(dim, int) and len(dim) == 0)
+    if x.numel() == 0:
+        if everything:
+            raise RuntimeError(
+                f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                "Specify the reduction dim with the 'dim' argument."
+            )
+        for d in dims:
+            if x.shape[d] == 0:
+                raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+    return reduce(x, dims, keepdim, op, x.dtype)
+
+
+def amax(x: Tensor, dim: int | Sequence[int] = (), keepdim: bool = False) -> Tensor:
+    """Largest value over ``dim`` (all dims when empty); nan wins, like ``torch.amax``.
+
+    Raises:
+        IndexError: a reduced dim has size 0.
+        RuntimeError: ``dim`` is empty and ``x`` has no elements.
+    """
+    return _extremum("amax", MAX, x, dim, keepdim)
+
+
+def amin(x: Tensor, dim: int | Sequence[int] = (), keepdim: bool = False) -> Tensor:
+    """Smallest value over ``dim`` (all dims when empty); nan wins, like ``torch.amin``."""
+    return _extremum("amin", MIN, x, dim, keepdim)
+
+
+def max(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    """``torch.max``: the largest value of ``x``, or ``(values, indices)`` over ``dim``."""
+    if dim is None:
+        return _extremum("max", MAX, x, None, False)
+    return reduce_index.max_dim(x, dim, keepdim)
+
+
+def min(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    """``torch.min``: the smallest value of ``x``, or ``(values, indices)`` over ``dim``."""
+    if dim is None:
+        return _extremum("min", MIN, x, None, False)
+    return reduce_index.min_dim(x, dim, keepdim)
+
+
+def _into(out: Tensor, x: Tensor, compute: Callable[[], Tensor]) -> Tensor:
+    check_input(x)
+    return write_out(out, compute(), x)
+
+
+IMPLS: dict[str, Callable[..., Any]] = {
+    "sum.default": lambda self, *, dtype=None: sum(self, None, False, dtype=dtype),
+    "sum.dim_IntList": lambda self, dim, keepdim=False, *, dtype=None: sum(
+        self, dim, keepdim, dtype=dtype),
+    "sum.IntList_out": lambda self, dim, keepdim=False, *, dtype=None, out: _into(
+        out, self, lambda: sum(self, dim, keepdim, dtype=dtype)),
+    "sum.out": lambda self, *, dtype=None, out: _into(out, self, lambda: sum(self, dtype=dtype)),
+    "mean.default": lambda self, *, dtype=None: mean(self, None, False, dtype=dtype),
+    "mean.dim": lambda self, dim, keepdim=False, *, dtype=None: mean(
+        self, dim, keepdim, dtype=dtype),
+    "mean.out": lambda self, dim, keepdim=False, *, dtype=None, out: _into(
+        out, self, lambda: mean(self, dim, keepdim, dtype=dtype)),
+    "mean.dtype_out": lambda self, *, dtype=None, out: _into(
+        out, self, lambda: mean(self, dtype=dtype)),
+    "prod.default": lambda self, *, dtype=None: prod(self, dtype=dtype),
+    "prod.dim_int": lambda self, dim, keepdim=False, *, dtype=None: prod(
+        self, dim, keepdim, dtype=dtype),
+    "prod.int_out": lambda self, dim, keepdim=False, *, dtype=None, out: _into(
+        out, self, lambda: prod(self, dim, keepdim, dtype=dtype)),
+    "prod.out": lambda self, *, dtype=None, out: _into(out, self, lambda: prod(self, dtype=dtype)),
+    "amax.default": lambda self, dim=(), keepdim=False: amax(self, dim, keepdim),
+    "amax.out": lambda self, dim=(), keepdim=False, *, out: _into(
+        out, self, lambda: amax(self, dim, keepdim)),
+    "amin.default": lambda self, dim=(), keepdim=False: amin(self, dim, keepdim),
+    "amin.out": lambda self, dim=(), keepdim=False, *, out: _into(
+        out, self, lambda: amin(self, dim, keepdim)),
+    "max.default": lambda self: max(self),
+    "max.unary_out": lambda self, *, out: _into(out, self, lambda: max(self)),
+    "min.default": lambda self: min(self),
+    "min.unary_out": lambda self, *, out: _into(out, self, lambda: min(self)),
+    **reduce_index.IMPLS,
+    **reduce_stats.IMPLS,
+    **scan.IMPLS,
+}
+"""aten overloads of the reduce family (this module and the ones it imports)."""

@@ -1,0 +1,306 @@
+"""Reductions that return an index: argmax, argmin, and max / min over one dim.
+
+Each lane of the accumulator tile keeps its best (value, index) pair while the kernel
+walks the row; one tuple reduction across lanes finishes. The order is torch's: nan
+beats everything (max and min propagate nan; argmax of a row with nan points at the
+first nan), then the larger (smaller) value, and ties go to the lowest index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+import gemshal
+from gemshal.autotune import autotune
+from gemsops.errors import Unsupported
+from gemsops.ops.reduce_layout import (
+    INDEX_SENTINEL,
+    Layout,
+    check_input,
+    dim_list,
+    kernel_view,
+    max_identity,
+    min_identity,
+    plan,
+    reduced_shape,
+    split,
+    tl_dtype,
+    wrap_dim,
+    write_out,
+)
+
+__all__ = ["IMPLS", "argmax", "argmin", "max_dim", "min_dim"]
+
+_SENTINEL = tl.constexpr(INDEX_SENTINEL)
+
+
+@triton.jit
+def _pick(v1, i1, v2, i2, IS_MAX: tl.constexpr):
+    """The better of two (value, index) pairs: nan, then larger (smaller), then lower index."""
+    nan1 = v1 != v1
+    nan2 = v2 != v2
+    strict = v1 > v2 if IS_MAX else v1 < v2
+    tie = (v1 == v2) | (nan1 & nan2)
+    first = strict | (nan1 & ~nan2) | (tie & (i1 < i2))
+    return tl.where(first, v1, v2), tl.where(first, i1, i2)
+
+
+@triton.jit
+def _pick_axis(vals, idxs, AXIS: tl.constexpr, IS_MAX: tl.constexpr, INIT: tl.constexpr):
+    """The best (value, index) along AXIS, from built-in reductions only.
+
+    The best value ignoring nan comes from max/min; the answer is the lowest index
+    holding it, or the lowest index holding nan when there is one.
+    """
+    is_nan = vals != vals
+    clean = tl.where(is_nan, INIT, vals)
+    top = tl.max(clean, AXIS) if IS_MAX else tl.min(clean, AXIS)
+    has_nan = tl.max(is_nan.to(tl.int32), AXIS) > 0
+    if AXIS == 1:
+        hit = tl.where(has_nan[:, None], is_nan, clean == top[:, None])
+    else:
+        hit = tl.where(has_nan[None, :], is_nan, clean == top[None, :])
+    idx = tl.min(tl.where(hit, idxs, _SENTINEL), AXIS)
+    if tl.constexpr(vals.dtype.is_floating()):
+        top = tl.where(has_nan, float("nan"), top)
+    return top, idx
+
+
+@autotune("arg_reduce_rows", key=["M", "N"])
+@triton.jit
+def _arg_rows_kernel(
+    X,  # values: x[m, n] at X + m * stride_m + n * stride_n
+    IDX_IN,  # with HAS_IDX_IN, the index of each value, laid out like X (second pass)
+    VAL_OUT,  # best values, (M, S) contiguous, S = programs per row; written if WRITE_VAL
+    IDX_OUT,  # their indices along n, (M, S) contiguous
+    M,
+    N,
+    stride_m,
+    stride_n,
+    CHUNK,  # elements of a row one split covers (N when a row is not split)
+    IS_MAX: tl.constexpr,
+    CMP: tl.constexpr,  # dtype values are compared in (float32 for half types: exact)
+    INIT: tl.constexpr,  # the worst value: fills masked lanes
+    HAS_IDX_IN: tl.constexpr,
+    WRITE_VAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    part = tl.program_id(1)
+    parts = tl.num_programs(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    row_off = rows.to(tl.int64)[:, None] * stride_m
+    lo = part * CHUNK
+    hi = tl.minimum(lo + CHUNK, N)
+    cols = tl.arange(0, BLOCK_N)
+    best_v = tl.full((BLOCK_M, BLOCK_N), INIT, CMP)
+    # Masked lanes carry the sentinel index, so they lose every tie to a real element.
+    best_i = tl.full((BLOCK_M, BLOCK_N), _SENTINEL, tl.int32)
+    step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
+    for start in range(lo, hi, BLOCK_N):
+        n = start + cols
+        mask = row_ok[:, None] & (n < hi)[None, :]
+        off = row_off + start * step_n + cols[None, :] * stride_n
+        v = tl.load(X + off, mask=mask, other=INIT).to(CMP)
+        if HAS_IDX_IN:
+            i = tl.load(IDX_IN + off, mask=mask, other=_SENTINEL)
+        else:
+            i = tl.where(mask, n[None, :], _SENTINEL)
+        best_v, best_i = _pick(v, i, best_v, best_i, IS_MAX)
+    v, i = _pick_axis(best_v, best_i, 1, IS_MAX, INIT)
+    out = rows.to(tl.int64) * parts + part
+    if WRITE_VAL:
+        tl.store(VAL_OUT + out, v, mask=row_ok)
+    tl.store(IDX_OUT + out, i, mask=row_ok)
+
+
+@autotune("arg_reduce_mid", key=["M", "N", "K"])
+@triton.jit
+def _arg_mid_kernel(
+    X,  # values: x[m, n, k] at X + m * stride_m + n * stride_n + k
+    IDX_IN,  # with HAS_IDX_IN, the index of each value, laid out like X (second pass)
+    VAL_OUT,  # best values, (M, S, K) contiguous; written if WRITE_VAL
+    IDX_OUT,  # their indices along n, (M, S, K) contiguous
+    M,
+    N,
+    K,
+    stride_m,
+    stride_n,
+    CHUNK,
+    IS_MAX: tl.constexpr,
+    CMP: tl.constexpr,
+    INIT: tl.constexpr,
+    HAS_IDX_IN: tl.constexpr,
+    WRITE_VAL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    part = tl.program_id(1)
+    parts = tl.num_programs(1)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    m = pid // k_blocks
+    ks = (pid % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = ks < K
+    base = m.to(tl.int64) * stride_m + ks[None, :]
+    lo = part * CHUNK
+    hi = tl.minimum(lo + CHUNK, N)
+    ns = tl.arange(0, BLOCK_N)
+    best_v = tl.full((BLOCK_N, BLOCK_K), INIT, CMP)
+    best_i = tl.full((BLOCK_N, BLOCK_K), _SENTINEL, tl.int32)
+    step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
+    for start in range(lo, hi, BLOCK_N):
+        n = start + ns
+        mask = (n < hi)[:, None] & k_ok[None, :]
+        off = base + start * step_n + ns[:, None] * stride_n
+        v = tl.load(X + off, mask=mask, other=INIT).to(CMP)
+        if HAS_IDX_IN:
+            i = tl.load(IDX_IN + off, mask=mask, other=_SENTINEL)
+        else:
+            i = tl.where(mask, n[:, None], _SENTINEL)
+        best_v, best_i = _pick(v, i, best_v, best_i, IS_MAX)
+    v, i = _pick_axis(best_v, best_i, 0, IS_MAX, INIT)
+    out = (m.to(tl.int64) * parts + part) * K + ks
+    if WRITE_VAL:
+        tl.store(VAL_OUT + out, v, mask=k_ok)
+    tl.store(IDX_OUT + out, i, mask=k_ok)
+
+
+def _launch(lay: Layout, idx_in: Tensor | None, val_out: Tensor | None, idx_out: Tensor,
+            parts: int, chunk: int, is_max: bool, init: float | int) -> None:
+    src, m, n, k = lay.src, lay.M, lay.N, lay.K
+    cmp = torch.float32 if src.dtype in (torch.float16, torch.bfloat16) else src.dtype
+    consts = {"IS_MAX": is_max, "CMP": tl_dtype(cmp), "INIT": init,
+              "HAS_IDX_IN": idx_in is not None, "WRITE_VAL": val_out is not None}
+    # Unused pointer arguments get a real tensor so every launch has the same signature.
+    idx_arg = src if idx_in is None else idx_in
+    val_arg = idx_out if val_out is None else val_out
+    with gemshal.device_guard(src.device):
+        if k == 1:
+            _arg_rows_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), parts)](
+                src, idx_arg, val_arg, idx_out, m, n, lay.stride_m, lay.stride_n, chunk, **consts
+            )
+        else:
+            _arg_mid_kernel[lambda meta: (m * triton.cdiv(k, meta["BLOCK_K"]), parts)](
+                src, idx_arg, val_arg, idx_out, m, n, k, lay.stride_m, lay.stride_n, chunk,
+                **consts,
+            )
+
+
+def _arg_reduce(name: str, x: Tensor, dim: int | None, keepdim: bool, is_max: bool,
+                with_values: bool) -> tuple[Tensor | None, Tensor]:
+    """Best values (if ``with_values``) and their int64 indices over ``dim`` (None: flat)."""
+    check_input(x)
+    if x.dtype == torch.bool and not with_values:
+        raise RuntimeError(f"{name}(): does not support bool input")
+    if dim is None:
+        if x.numel() == 0:
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for "
+                             "input.numel() == 0.")
+        dims = dim_list(None, x.dim())
+    else:
+        d = wrap_dim(dim, x.dim())
+        if x.dim() and x.shape[d] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+        dims = dim_list(d, x.dim())
+    shape = reduced_shape(x.shape, dims, keepdim)
+    values = torch.empty(shape, dtype=x.dtype, device=x.device) if with_values else None
+    indices = torch.empty(shape, dtype=torch.int64, device=x.device)
+    if indices.numel() == 0:
+        return values, indices
+    src = kernel_view(x)
+    lay = plan(src, dims, reorder=False)
+    if lay.N > INDEX_SENTINEL:
+        raise Unsupported("reduced length needs 64-bit indices")
+    init = max_identity(x.dtype) if is_max else min_identity(x.dtype)
+    val_out = None if values is None else kernel_view(values)
+    parts, chunk = split(lay)
+    if parts == 1:
+        _launch(lay, None, val_out, indices, 1, lay.N, is_max, init)
+        return values, indices
+    part_v = torch.empty((lay.M, parts, lay.K), dtype=src.dtype, device=x.device)
+    part_i = torch.empty((lay.M, parts, lay.K), dtype=torch.int32, device=x.device)
+    _launch(lay, None, part_v, part_i, parts, chunk, is_max, init)
+    second = Layout(part_v, lay.M, parts, lay.K, parts * lay.K, lay.K)
+    _launch(second, part_i, val_out, indices, 1, parts, is_max, init)
+    return values, indices
+
+
+def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the largest value over ``dim`` (of the flattened tensor when None).
+
+    nan counts as the largest value; ties give the first index, like ``torch.argmax``.
+
+    Raises:
+        IndexError: the reduced dim (or the whole tensor, for ``dim=None``) is empty.
+        RuntimeError: ``x`` is bool (torch does not support it either).
+    """
+    return _arg_reduce("argmax", x, dim, keepdim, True, False)[1]
+
+
+def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the smallest value over ``dim``; nan counts as smallest, like ``torch.argmin``."""
+    return _arg_reduce("argmin", x, dim, keepdim, False, False)[1]
+
+
+def max_dim(x: Tensor, dim: int, keepdim: bool = False) -> Any:
+    """``torch.max(x, dim)``: ``(values, indices)`` of the largest values along ``dim``."""
+    values, indices = _arg_reduce("max", x, dim, keepdim, True, True)
+    return torch.return_types.max((values, indices))
+
+
+def min_dim(x: Tensor, dim: int, keepdim: bool = False) -> Any:
+    """``torch.min(x, dim)``: ``(values, indices)`` of the smallest values along ``dim``."""
+    values, indices = _arg_reduce("min", x, dim, keepdim, False, True)
+    return torch.return_types.min((values, indices))
+
+
+def _pair(name: str, is_max: bool, x: Tensor, dim: int, keepdim: bool) -> tuple[Tensor, Tensor]:
+    values, indices = _arg_reduce(name, x, dim, keepdim, is_max, True)
+    assert values is not None
+    return values, indices
+
+
+def _pair_out(name: str, is_max: bool, x: Tensor, dim: int, keepdim: bool, values_out: Tensor,
+              indices_out: Tensor) -> tuple[Tensor, Tensor]:
+    check_input(x)
+    values, indices = _pair(name, is_max, x, dim, keepdim)
+    # Check both outputs before writing either: a refusal must leave both untouched.
+    for out, result in ((values_out, values), (indices_out, indices)):
+        if out.dtype != result.dtype or (out.shape != result.shape and out.numel()):
+            raise Unsupported("out tensors of another dtype or shape")
+    shared = values_out.untyped_storage().data_ptr() == indices_out.untyped_storage().data_ptr()
+    if shared and values_out.numel() and indices_out.numel():
+        raise Unsupported("the two out tensors share storage")
+    return write_out(values_out, values, x), write_out(indices_out, indices, x)
+
+
+def _arg_out(name: str, is_max: bool, x: Tensor, dim: int | None, keepdim: bool,
+             out: Tensor) -> Tensor:
+    check_input(x)
+    return write_out(out, _arg_reduce(name, x, dim, keepdim, is_max, False)[1], x)
+
+
+IMPLS: dict[str, Callable[..., Any]] = {
+    "max.dim": lambda self, dim, keepdim=False: _pair("max", True, self, dim, keepdim),
+    "max.dim_max": lambda self, dim, keepdim=False, *, max, max_values: _pair_out(
+        "max", True, self, dim, keepdim, max, max_values),
+    "min.dim": lambda self, dim, keepdim=False: _pair("min", False, self, dim, keepdim),
+    "min.dim_min": lambda self, dim, keepdim=False, *, min, min_indices: _pair_out(
+        "min", False, self, dim, keepdim, min, min_indices),
+    "argmax.default": lambda self, dim=None, keepdim=False: argmax(self, dim, keepdim),
+    "argmax.out": lambda self, dim=None, keepdim=False, *, out: _arg_out(
+        "argmax", True, self, dim, keepdim, out),
+    "argmin.default": lambda self, dim=None, keepdim=False: argmin(self, dim, keepdim),
+    "argmin.out": lambda self, dim=None, keepdim=False, *, out: _arg_out(
+        "argmin", False, self, dim, keepdim, out),
+}
+"""aten overloads served by this module (merged into gemsops.ops.reduce.IMPLS)."""

@@ -1,0 +1,275 @@
+"""The engine of the value reductions (sum, prod, max, min) over any set of dims.
+
+Two kernels serve every op: one reduces the last axis of an (M, N) view, the other the
+middle axis of an (M, N, K) view with K contiguous (``sum(dim=0)`` without a copy);
+:func:`gemsops.ops.reduce_layout.plan` picks the view. Long lines loop over N in
+BLOCK_N chunks with float32 (float64 for float64) or int64 accumulators; long lines with
+few outputs are split across programs and finished by a second launch. Dims no single
+view covers (0 and 2 of a contiguous 3-D tensor) are reduced in two passes over views,
+the inner run first. What a call decides from shapes and dtypes alone is cached.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+import gemshal
+from gemshal.autotune import autotune
+from gemsops.ops.reduce_layout import (
+    Layout,
+    acc_dtype,
+    kernel_view,
+    max_identity,
+    min_identity,
+    plan,
+    reduced_shape,
+    split,
+    tl_dtype,
+    view,
+)
+
+__all__ = ["MAX", "MIN", "PROD", "SUM", "reduce"]
+
+SUM, PROD, MAX, MIN = 0, 1, 2, 3
+"""The OP codes of the kernels: constexpr values selecting the combine step."""
+
+
+@triton.jit
+def _times(a, b):
+    return a * b
+
+
+@triton.jit
+def _fold(acc, x, OP: tl.constexpr):
+    """One element-wise step of the reduction ``OP`` (x is the new value)."""
+    if OP == 0:
+        r = acc + x
+    elif OP == 1:
+        r = acc * x
+    elif OP == 2:
+        # x wins when larger or nan, so a nan accumulator stays nan: max propagates nan.
+        r = tl.where((x > acc) | (x != x), x, acc)
+    else:
+        r = tl.where((x < acc) | (x != x), x, acc)
+    return r
+
+
+@triton.jit
+def _fold_axis(acc, AXIS: tl.constexpr, OP: tl.constexpr, INIT: tl.constexpr):
+    """Reduce the accumulator tile along ``AXIS`` with ``OP``."""
+    if OP == 0:
+        r = tl.sum(acc, AXIS)
+    elif OP == 1:
+        r = tl.reduce(acc, AXIS, _times)
+    else:
+        # Built-in max/min (fast everywhere, nan handling unspecified) over the non-nan
+        # lanes, then nan wherever a lane holds one.
+        is_nan = acc != acc
+        clean = tl.where(is_nan, INIT, acc)
+        r = tl.max(clean, AXIS) if OP == 2 else tl.min(clean, AXIS)
+        if tl.constexpr(acc.dtype.is_floating()):
+            r = tl.where(tl.max(is_nan.to(tl.int32), AXIS) > 0, float("nan"), r)
+    return r
+
+
+@autotune("reduce_rows", key=["M", "N"])
+@triton.jit
+def _reduce_rows_kernel(
+    X,  # input: x[m, n] at X + m * stride_m + n * stride_n
+    OUT,  # output (M, S) contiguous, S = programs per row (grid axis 1)
+    M,  # rows
+    N,  # reduced length
+    stride_m,
+    stride_n,
+    CHUNK,  # elements of a row one split covers (N when a row is not split)
+    DIVISOR,  # the count a mean divides by
+    OP: tl.constexpr,  # SUM, PROD, MAX or MIN
+    ACC: tl.constexpr,  # accumulator dtype
+    INIT: tl.constexpr,  # identity of OP: fills masked lanes and the accumulator
+    MEAN: tl.constexpr,  # divide the result by DIVISOR
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    part = tl.program_id(1)
+    parts = tl.num_programs(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    row_ptr = X + rows.to(tl.int64)[:, None] * stride_m
+    lo = part * CHUNK
+    hi = tl.minimum(lo + CHUNK, N)
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.full((BLOCK_M, BLOCK_N), INIT, ACC)
+    step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
+    for start in range(lo, hi, BLOCK_N):
+        # Lanes past the row's end (or this split's) read INIT, which leaves acc as is.
+        mask = row_ok[:, None] & ((start + cols) < hi)[None, :]
+        ptr = row_ptr + start * step_n + cols[None, :] * stride_n
+        x = tl.load(ptr, mask=mask, other=INIT)
+        acc = _fold(acc, x.to(ACC), OP)
+    res = _fold_axis(acc, 1, OP, INIT)
+    if MEAN:
+        res = res / tl.cast(DIVISOR, ACC)
+    tl.store(OUT + rows.to(tl.int64) * parts + part, res, mask=row_ok)
+
+
+@autotune("reduce_mid", key=["M", "N", "K"])
+@triton.jit
+def _reduce_mid_kernel(
+    X,  # input: x[m, n, k] at X + m * stride_m + n * stride_n + k
+    OUT,  # output (M, S, K) contiguous, S = programs per line (grid axis 1)
+    M,  # outer extent
+    N,  # reduced length
+    K,  # inner extent (contiguous)
+    stride_m,
+    stride_n,
+    CHUNK,  # elements of N one split covers (N when not split)
+    DIVISOR,  # the count a mean divides by
+    OP: tl.constexpr,
+    ACC: tl.constexpr,
+    INIT: tl.constexpr,
+    MEAN: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    part = tl.program_id(1)
+    parts = tl.num_programs(1)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    m = pid // k_blocks
+    ks = (pid % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = ks < K
+    base = X + m.to(tl.int64) * stride_m + ks[None, :]
+    lo = part * CHUNK
+    hi = tl.minimum(lo + CHUNK, N)
+    ns = tl.arange(0, BLOCK_N)
+    acc = tl.full((BLOCK_N, BLOCK_K), INIT, ACC)
+    step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
+    for start in range(lo, hi, BLOCK_N):
+        mask = ((start + ns) < hi)[:, None] & k_ok[None, :]
+        ptr = base + start * step_n + ns[:, None] * stride_n
+        x = tl.load(ptr, mask=mask, other=INIT)
+        acc = _fold(acc, x.to(ACC), OP)
+    res = _fold_axis(acc, 0, OP, INIT)
+    if MEAN:
+        res = res / tl.cast(DIVISOR, ACC)
+    tl.store(OUT + (m.to(tl.int64) * parts + part) * K + ks, res, mask=k_ok)
+
+
+def _launch(lay: Layout, out: Tensor, parts: int, chunk: int, op: int, acc: torch.dtype,
+            init: float | int, count: int | None) -> None:
+    """Run one pass over ``lay`` writing ``parts`` values per output into ``out``.
+
+    With a ``count`` the results are divided by it (a mean; 0 gives nan like torch).
+    """
+    mean = count is not None
+    divisor = count or 0
+    src, m, n, k = lay.src, lay.M, lay.N, lay.K
+    args = (m, n) if k == 1 else (m, n, k)
+    consts = {"OP": op, "ACC": tl_dtype(acc), "INIT": init, "MEAN": mean}
+    with gemshal.device_guard(src.device):
+        if k == 1:
+            _reduce_rows_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), parts)](
+                src, out, *args, lay.stride_m, lay.stride_n, chunk, divisor, **consts
+            )
+        else:
+            _reduce_mid_kernel[lambda meta: (m * triton.cdiv(k, meta["BLOCK_K"]), parts)](
+                src, out, *args, lay.stride_m, lay.stride_n, chunk, divisor, **consts
+            )
+
+
+def _runs(dims: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """``dims`` (sorted) cut into runs of consecutive dims: (0, 2, 3) -> [(0,), (2, 3)]."""
+    runs: list[list[int]] = []
+    for d in dims:
+        if runs and runs[-1][-1] == d - 1:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    return [tuple(r) for r in runs]
+
+
+class _Recipe(NamedTuple):
+    """Everything :func:`reduce` decides from shapes and dtypes alone (cached)."""
+
+    out_shape: tuple[int, ...]
+    acc: torch.dtype
+    init: float | int
+    convert: bool  # convert the input to the result dtype first
+    view: tuple[int, int, int, int, int] | None  # (M, N, K, stride_m, stride_n)
+    runs: tuple[tuple[int, ...], ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def _recipe(shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype,
+            dims: tuple[int, ...], keepdim: bool, op: int,
+            out_dtype: torch.dtype, converted: bool) -> _Recipe:
+    # Pure in its arguments, so the per-call host work is a lookup: deciding these
+    # each time was most of a small reduction's host cost.
+    convert = False
+    if op in (MAX, MIN):
+        # Comparisons are exact in the input's dtype; half types compare as float32
+        # (also exact), which every backend and the interpreter handle natively.
+        acc = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        init: float | int = max_identity(acc) if op == MAX else min_identity(acc)
+    else:
+        acc = acc_dtype(out_dtype)
+        init = 1 if op == PROD else 0
+        # torch converts the input to the result dtype first; converting it straight to
+        # the accumulator inside the kernel gives the same values unless that first
+        # conversion rounds (to a narrower float, or float -> int), so only then copy.
+        exact = converted or dtype in (out_dtype, torch.bool) or out_dtype == acc
+        convert = not exact and (dtype.is_floating_point or out_dtype.is_floating_point)
+    if dtype.is_floating_point:
+        init = float(init)  # an int `other` reaches bfloat16 loads as raw bits
+    return _Recipe(reduced_shape(shape, dims, keepdim), acc, init, convert,
+                   view(shape, strides, dims), tuple(_runs(dims)))
+
+
+def reduce(x: Tensor, dims: tuple[int, ...], keepdim: bool, op: int, out_dtype: torch.dtype,
+            *, count: int | None = None, converted: bool = False) -> Tensor:
+    """Reduce ``dims`` of ``x`` (already checked) with ``op`` into a new ``out_dtype`` tensor.
+
+    Args:
+        count: Divide the result by this (a mean).
+        converted: ``x`` already holds partial results in the accumulator dtype.
+    """
+    r = _recipe(x.shape, x.stride(), x.dtype, dims, keepdim, op, out_dtype, converted)
+    if r.convert:
+        return reduce(x.to(out_dtype), dims, keepdim, op, out_dtype, count=count, converted=True)
+    out = torch.empty(r.out_shape, dtype=out_dtype, device=x.device)
+    if out.numel() == 0:
+        return out
+    src = kernel_view(x)
+    if r.view is not None:
+        lay = Layout(src, *r.view)
+    elif len(r.runs) > 1:
+        # No one view covers dims apart from each other (0 and 2 of a contiguous 3-D
+        # tensor): reduce the last run first, keeping its dims, into the accumulator
+        # dtype, then the rest. Both passes read views; a permuted copy would move
+        # the whole input once more.
+        last = r.runs[-1]
+        inner = reduce(x, last, True, op, x.dtype if op in (MAX, MIN) else r.acc,
+                        converted=True)
+        rest = tuple(d for d in dims if d not in last)
+        done = reduce(inner, rest, True, op, out_dtype, count=count, converted=True)
+        return done.view(out.shape)
+    else:
+        lay = plan(src, dims)
+        assert lay is not None
+    parts, chunk = split(lay)
+    out_view = kernel_view(out)
+    if parts == 1:
+        _launch(lay, out_view, 1, lay.N, op, r.acc, r.init, count)
+        return out
+    partial = torch.empty((lay.M, parts, lay.K), dtype=r.acc, device=x.device)
+    _launch(lay, partial, parts, chunk, op, r.acc, r.init, None)
+    second = Layout(partial, lay.M, parts, lay.K, parts * lay.K, lay.K)
+    _launch(second, out_view, 1, parts, op, r.acc, r.init, count)
+    return out

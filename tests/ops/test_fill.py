@@ -1,0 +1,121 @@
+"""Property tests of fill_, zero_ and the factories zeros / ones / full.
+
+Values are converted to the tensor's dtype as torch converts them (2.7 -> 2 for
+integers, nonzero -> True for bool, float64 kept exact); strided tensors are filled in
+place without touching the elements between them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gemsops.errors import Unsupported
+from gemsops.ops import fill
+from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, target_device, tensors
+
+DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, torch.float64, torch.int8, torch.bool)
+values = st.one_of(
+    st.booleans(),
+    st.integers(-100, 100),
+    st.sampled_from([2.7, -2.7, 0.1, -0.0, 1e-30, float("inf"), float("nan"), 1.0 + 2**-40]),
+)
+
+
+def _expected(x: torch.Tensor, value: Any) -> torch.Tensor | None:
+    """torch's own fill_ on a copy, or None where torch refuses the value."""
+    try:
+        return x.clone().fill_(value)
+    except RuntimeError:
+        return None
+
+
+@given(x=tensors(dtypes=DTYPES), value=values)
+def test_fill_scalar(x: torch.Tensor, value: Any) -> None:
+    """fill_ with a number writes torch's conversion of it to every element, in place."""
+    expected = _expected(x, value)
+    if expected is None:
+        with pytest.raises(Unsupported):
+            fill.fill_(x.clone(), value)
+        return
+    target = x.clone()
+    assert fill.fill_(target, value) is target
+    torch.testing.assert_close(target, expected, equal_nan=True, rtol=0, atol=0)
+
+
+@given(x=tensors(dtypes=DTYPES), value=tensors(shape=(), dtypes=DTYPES, specials=True))
+def test_fill_tensor(x: torch.Tensor, value: torch.Tensor) -> None:
+    """fill_ with a 0-dim tensor (on the device or the CPU) converts it to self's dtype."""
+    if x.dtype not in (*FLOAT_DTYPES, torch.float64, torch.bool) and value.dtype.is_floating_point:
+        v = value.double().item()
+        if not (abs(v) < 2**31):
+            return  # a float out of an integer's range converts undefined (C), not tested
+    for v in (value, value.cpu()):
+        target = x.clone()
+        fill.fill_(target, v)
+        torch.testing.assert_close(target, x.clone().fill_(v), equal_nan=True, rtol=0, atol=0)
+
+
+def test_fill_strided_leaves_gaps() -> None:
+    """Filling a strided view writes its elements only; the elements between keep their values."""
+    base = torch.arange(24, dtype=torch.float32, device=target_device()).reshape(4, 6)
+    expected = base.clone()
+    expected[:, ::2] = 7.5
+    fill.fill_(base[:, ::2], 7.5)
+    torch.testing.assert_close(base, expected)
+    t = torch.arange(12, device=target_device()).reshape(3, 4).t()
+    fill.zero_(t)
+    assert int(t.abs().sum()) == 0
+
+
+def test_fill_refusals() -> None:
+    """A value torch rejects (1-dim value, out of range, inf into ints) raises Unsupported."""
+    x = torch.zeros(3, dtype=torch.int8, device=target_device())
+    for value in (300, float("inf"), float("nan")):
+        with pytest.raises(Unsupported):
+            fill.fill_(x, value)
+    with pytest.raises(Unsupported):
+        fill.fill_(x, torch.ones(2))
+    with pytest.raises(Unsupported):
+        fill.fill_(torch.zeros(2, dtype=torch.complex64), 1.0)
+    assert int(x.abs().sum()) == 0  # untouched
+
+
+@given(size=st.lists(st.integers(0, 9), max_size=3), dtype=st.sampled_from((None, *DTYPES)),
+       value=values)
+def test_factories(size: list[int], dtype: torch.dtype | None, value: Any) -> None:
+    """zeros / ones / full match torch's, dtype inference from the fill value included."""
+    dev = target_device()
+    torch.testing.assert_close(fill.zeros(size, dtype=dtype, device=dev),
+                               torch.zeros(size, dtype=dtype, device=dev))
+    torch.testing.assert_close(fill.ones(size, dtype=dtype, device=dev),
+                               torch.ones(size, dtype=dtype, device=dev))
+    try:
+        expected = torch.full(size, value, dtype=dtype, device=dev)
+    except RuntimeError:
+        return
+    torch.testing.assert_close(fill.full(size, value, dtype=dtype, device=dev), expected,
+                               equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("key", sorted(fill.IMPLS))
+def test_impl_signature_matches_schema(key: str) -> None:
+    """Every IMPLS entry takes exactly its aten schema's arguments."""
+    name, overload = key.split(".")
+    schema = getattr(getattr(torch.ops.aten, name), overload)._schema
+    params = list(inspect.signature(fill.IMPLS[key]).parameters.values())
+    assert [p.name for p in params] == [a.name for a in schema.arguments]
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+
+
+def test_impl_entries() -> None:
+    """The IMPLS entries fill in place and return self, as aten's do."""
+    x = torch.randn(5, 3, device=target_device())
+    assert fill.IMPLS["fill_.Scalar"](x, 2.5) is x and bool((x == 2.5).all())
+    assert fill.IMPLS["fill_.Tensor"](x, torch.tensor(-1)) is x and bool((x == -1).all())
+    assert fill.IMPLS["zero_.default"](x) is x and bool((x == 0).all())

@@ -1,0 +1,449 @@
+"""Property tests of the pointwise family against torch (float64 on the CPU where it rounds).
+
+Each op is drawn over shapes (0-size, 1-element, odd, rank 0-4), transposed and sliced
+layouts, broadcasting pairs, dtype mixes (half, float, int, bool), Python scalars and
+special values (inf, nan, -0.0, huge, tiny). Values are compared with the float64
+reference through the shared tolerance table; dtypes and shapes must equal torch's own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from gemsops.errors import Unsupported
+from gemsops.ops import pointwise as pw
+from gemsops.ops import pointwise_activation as act
+from gemsops.testing.reference import reference
+from gemsops.testing.strategies import (
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    broadcast_pair,
+    target_device,
+)
+from gemsops.testing.strategies import tensors as _tensors
+from gemsops.testing.tolerance import assert_close
+
+F = torch.nn.functional
+# nan and inf inputs make numpy (under the interpreter) warn; the values are what count.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+HALF_AND_FLOAT = (*FLOAT_DTYPES, torch.float64)
+NUMERIC = (*HALF_AND_FLOAT, *INT_DTYPES, torch.int8, torch.uint8)
+EVERY = (*NUMERIC, torch.bool)
+
+
+@st.composite
+def tensors(draw: st.DrawFn, *, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,
+            **kwargs: Any) -> torch.Tensor:
+    """The shared strategy, plus uint8 (drawn as int16, wrapped)."""
+    dtype = draw(st.sampled_from(dtypes))
+    if dtype == torch.uint8:
+        return draw(_tensors(dtypes=(torch.int16,), **kwargs)).to(torch.uint8)
+    return draw(_tensors(dtypes=(dtype,), **kwargs))
+
+
+def check(actual: torch.Tensor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    """``actual`` has torch's dtype and shape for ``fn(*args)`` and the float64 reference's values."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        native = fn(*args, **kwargs)
+        expected = reference(fn, *args, **kwargs)
+    assert actual.dtype == native.dtype, (actual.dtype, native.dtype)
+    assert actual.shape == native.shape, (actual.shape, native.shape)
+    if not actual.dtype.is_floating_point:
+        # Exact results (integers, bools): torch's own is the spec; a comparison of a
+        # float16 tensor with the scalar 1e30 compares with float16(1e30) = inf.
+        torch.testing.assert_close(actual.cpu(), native.cpu(), rtol=0, atol=0)
+        return
+    if actual.numel():
+        # Where torch's own kernel overflows in its dtype (gelu_backward(1e30) is nan in
+        # float32, finite in float64), the spec is torch's result, not the reference's.
+        native = native.detach().cpu()
+        overflow = ~torch.isfinite(native) & torch.isfinite(expected.to(native.dtype))
+        if overflow.any():
+            torch.testing.assert_close(actual.cpu()[overflow], native[overflow], equal_nan=True)
+            expected = torch.where(overflow, actual.cpu().to(expected.dtype), expected)
+    assert_close(actual, expected)
+
+
+def torch_accepts(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fn(*args, **kwargs)
+    except (RuntimeError, TypeError, ValueError, ZeroDivisionError):
+        return False
+    return True
+
+
+@st.composite
+def operand_pairs(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = EVERY,
+                  specials: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two tensors of independently drawn dtypes and layouts whose shapes broadcast."""
+    sa, sb = draw(broadcast_pair())
+    a = draw(tensors(shape=sa, dtypes=dtypes, specials=specials))
+    b = draw(tensors(shape=sb, dtypes=dtypes, specials=specials))
+    return a, b
+
+
+scalars = st.one_of(
+    st.booleans(),
+    st.integers(-5, 5),
+    st.sampled_from([0.5, -2.25, 0.0, -0.0, 1e30, float("inf"), float("nan"), 3.0]),
+)
+
+UNARY: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]] = {
+    "exp": (act.exp, torch.exp), "log": (act.log, torch.log), "sqrt": (act.sqrt, torch.sqrt),
+    "rsqrt": (act.rsqrt, torch.rsqrt), "reciprocal": (act.reciprocal, torch.reciprocal),
+    "sin": (act.sin, torch.sin), "cos": (act.cos, torch.cos), "tanh": (act.tanh, torch.tanh),
+    "sigmoid": (act.sigmoid, torch.sigmoid), "relu": (act.relu, torch.relu),
+    "silu": (act.silu, F.silu), "gelu": (act.gelu, F.gelu),
+    "gelu_tanh": (lambda x, **k: act.gelu(x, approximate="tanh", **k),
+                  lambda x, **k: F.gelu(x, approximate="tanh", **k)),
+    "neg": (pw.neg, torch.neg), "abs": (pw.abs, torch.abs), "sign": (pw.sign, torch.sign),
+    "logical_not": (pw.logical_not, torch.logical_not),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNARY))
+@given(data=st.data())
+def test_unary(name: str, data: st.DataObject) -> None:
+    """Each unary op matches torch on every dtype torch takes, special values and layouts included."""
+    ours, theirs = UNARY[name]
+    x = data.draw(tensors(dtypes=EVERY, specials=True))
+    if not torch_accepts(theirs, x):
+        with pytest.raises(Unsupported):
+            ours(x)
+        return
+    check(ours(x), theirs, x)
+
+
+BINARY: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]] = {
+    "add": (pw.add, torch.add), "sub": (pw.sub, torch.sub), "mul": (pw.mul, torch.mul),
+    "div": (pw.div, torch.div), "maximum": (pw.maximum, torch.maximum),
+    "minimum": (pw.minimum, torch.minimum), "eq": (pw.eq, torch.eq), "ne": (pw.ne, torch.ne),
+    "lt": (pw.lt, torch.lt), "le": (pw.le, torch.le), "gt": (pw.gt, torch.gt),
+    "ge": (pw.ge, torch.ge), "logical_and": (pw.logical_and, torch.logical_and),
+    "logical_or": (pw.logical_or, torch.logical_or), "pow": (pw.pow, torch.pow),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@given(pair=operand_pairs())
+def test_binary_broadcast_promotion(name: str, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Binary ops broadcast, promote mixed dtypes as torch does, and match its values."""
+    ours, theirs = BINARY[name]
+    a, b = pair
+    if not torch_accepts(theirs, a, b):
+        with pytest.raises(Unsupported):
+            ours(a, b)
+        return
+    check(ours(a, b), theirs, a, b)
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "eq", "lt", "ge", "pow", "maximum"])
+@given(x=tensors(dtypes=EVERY, specials=True), value=scalars, swap=st.booleans())
+def test_python_scalars(name: str, x: torch.Tensor, value: Any, swap: bool) -> None:
+    """A Python number operand promotes weakly (int tensor + 2.5 is float32) and computes as torch."""
+    ours, theirs = BINARY[name]
+    if name == "maximum":  # no Scalar overload in torch: a 0-dim tensor of the number
+        value = torch.tensor(value)
+    args = (value, x) if swap and name in ("pow", "mul", "add") else (x, value)
+    if name == "pow" and swap and isinstance(value, torch.Tensor):
+        return
+    if not torch_accepts(theirs, *args):
+        with pytest.raises(Unsupported):
+            ours(*args)
+        return
+    check(ours(*args), theirs, *args)
+
+
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+@given(pair=operand_pairs(dtypes=NUMERIC))
+def test_div_rounding(mode: str, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """div with rounding_mode matches torch for floats (inf, nan, -0.0) and integers of both signs."""
+    a, b = pair
+    if not b.dtype.is_floating_point:
+        b = torch.where(b == 0, torch.ones_like(b), b)  # integer division by zero raises in torch
+    check(pw.div(a, b, rounding_mode=mode), torch.div, a, b, rounding_mode=mode)
+
+
+@given(x=tensors(dtypes=(torch.int32, torch.int64, torch.int8, torch.uint8)),
+       e=st.integers(-3, 9))
+@settings(max_examples=10)
+def test_pow_integers(x: torch.Tensor, e: int) -> None:
+    """Integer pow wraps like torch; negative scalar exponents of integers are refused."""
+    if e < 0:
+        with pytest.raises(Unsupported):
+            pw.pow(x, e)
+        return
+    check(pw.pow(x, e), torch.pow, x, e)
+    check(pw.pow(x, x.abs() % 5), torch.pow, x, x.abs() % 5)
+
+
+@given(x=tensors(dtypes=HALF_AND_FLOAT, specials=True),
+       e=st.sampled_from([0, 1, 2, 3, 0.5, -0.5, -1, -2, 2.5, -1.5, 0.0, float("inf"), float("nan")]))
+def test_pow_scalar_exponents(x: torch.Tensor, e: float) -> None:
+    """pow(x, e) takes torch's special cases (e=0 fills 1, 0.5 is sqrt so (-inf)**0.5 is nan)."""
+    check(pw.pow(x, e), torch.pow, x, e)
+    check(pw.pow(2.0, x), torch.pow, 2.0, x)
+    check(pw.pow(1, x), torch.pow, 1, x)
+
+
+@given(x=tensors(dtypes=NUMERIC, specials=True), lo=scalars, hi=scalars,
+       which=st.sampled_from(["both", "min", "max"]))
+def test_clamp_scalars(x: torch.Tensor, lo: Any, hi: Any, which: str) -> None:
+    """clamp with scalar bounds promotes like torch and propagates nan from input and bounds."""
+    lo, hi = (None if which == "max" else lo), (None if which == "min" else hi)
+    if not torch_accepts(torch.clamp, x, lo, hi):
+        with pytest.raises(Unsupported):
+            pw.clamp(x, lo, hi)
+        return
+    check(pw.clamp(x, lo, hi), torch.clamp, x, lo, hi)
+
+
+@given(pair=operand_pairs(dtypes=HALF_AND_FLOAT), data=st.data())
+def test_clamp_tensors(pair: tuple[torch.Tensor, torch.Tensor], data: st.DataObject) -> None:
+    """clamp with tensor bounds broadcasts all three operands."""
+    x, lo = pair
+    hi = data.draw(tensors(shape=lo.shape, dtypes=(lo.dtype,)))
+    check(pw.clamp(x, lo, hi), torch.clamp, x, lo, hi)
+    check(pw.clamp_min(x, lo), torch.clamp_min, x, lo)
+    check(pw.clamp_max(x, hi), torch.clamp_max, x, hi)
+
+
+@given(pair=operand_pairs(dtypes=EVERY), data=st.data())
+def test_where(pair: tuple[torch.Tensor, torch.Tensor], data: st.DataObject) -> None:
+    """where(cond, a, b) broadcasts three ways and promotes a and b."""
+    a, b = pair
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    cond = data.draw(tensors(shape=shape[data.draw(st.integers(0, len(shape))):],
+                             dtypes=(torch.bool,)))
+    check(pw.where(cond, a, b), torch.where, cond, a, b)
+    check(pw.where(cond, a, 2.5), torch.where, cond, a, 2.5)
+
+
+@given(x=tensors(dtypes=EVERY, specials=True), data=st.data(), value=scalars)
+def test_masked_fill(x: torch.Tensor, data: st.DataObject, value: Any) -> None:
+    """masked_fill keeps self's dtype, converting the value as torch does (2.7 -> 2 for ints)."""
+    mask = data.draw(tensors(shape=x.shape[data.draw(st.integers(0, x.dim())):],
+                             dtypes=(torch.bool,)))
+    if not torch_accepts(torch.masked_fill, x, mask, value):
+        with pytest.raises(Unsupported):
+            pw.masked_fill(x, mask, value)
+        return
+    check(pw.masked_fill(x, mask, value), torch.masked_fill, x, mask, value)
+    check(pw.masked_fill(x, mask, torch.tensor(value)), torch.masked_fill, x, mask,
+          torch.tensor(value))
+
+
+@given(x=tensors(dtypes=NUMERIC, specials=True), th=st.sampled_from([0, 0.5, -1]),
+       value=st.sampled_from([0, 2, -0.5]))
+def test_threshold(x: torch.Tensor, th: float, value: float) -> None:
+    """threshold(x, th, v) is v where x <= th (nan stays)."""
+    if not torch_accepts(F.threshold, x, th, value):
+        return
+    check(act.threshold(x, th, value), F.threshold, x, th, value)
+
+
+BACKWARD = {
+    "sigmoid_backward": (act.sigmoid_backward, torch.ops.aten.sigmoid_backward),
+    "tanh_backward": (act.tanh_backward, torch.ops.aten.tanh_backward),
+    "silu_backward": (act.silu_backward, torch.ops.aten.silu_backward),
+    "gelu_backward": (act.gelu_backward, torch.ops.aten.gelu_backward),
+    "gelu_backward_tanh": (lambda g, x: act.gelu_backward(g, x, approximate="tanh"),
+                           lambda g, x: torch.ops.aten.gelu_backward(g, x, approximate="tanh")),
+    "threshold_backward": (lambda g, x: act.threshold_backward(g, x, 0.25),
+                           lambda g, x: torch.ops.aten.threshold_backward(g, x, 0.25)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD))
+@given(data=st.data())
+def test_backward_ops(name: str, data: st.DataObject) -> None:
+    """The backward ops autograd calls match aten's, special values included."""
+    ours, theirs = BACKWARD[name]
+    x = data.draw(tensors(dtypes=HALF_AND_FLOAT, specials=True))
+    g = data.draw(tensors(shape=x.shape, dtypes=(x.dtype,)))
+    check(ours(g, x), theirs, g, x)
+
+
+@pytest.mark.parametrize("name", ["add", "mul", "div", "eq", "maximum", "pow"])
+@given(pair=operand_pairs(dtypes=NUMERIC), out_dtype=st.sampled_from(NUMERIC + (torch.bool,)),
+       empty=st.booleans())
+def test_out_variants(name: str, pair: tuple[torch.Tensor, torch.Tensor],
+                      out_dtype: torch.dtype, empty: bool) -> None:
+    """out= resizes an empty out, casts to its dtype, and refuses a dtype the result cannot cast to."""
+    ours, theirs = BINARY[name]
+    a, b = pair
+    shape = torch.broadcast_shapes(a.shape, b.shape)
+    out = torch.empty(0 if empty else shape, dtype=out_dtype)
+    if not torch_accepts(theirs, a, b, out=out.clone()):
+        before = out.clone()
+        with pytest.raises(Unsupported):
+            ours(a, b, out=out)
+        assert out.shape == before.shape  # untouched
+        return
+    result = ours(a, b, out=out)
+    assert result is out and out.shape == shape
+    # torch rounds to the result dtype, then casts to out's: compare at the coarser one.
+    native = theirs(a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = reference(theirs, a, b).to(native.dtype)
+    coarse = out_dtype
+    if native.dtype.is_floating_point and (
+        not out_dtype.is_floating_point or torch.finfo(native.dtype).eps > torch.finfo(out_dtype).eps
+    ):
+        coarse = native.dtype
+    if not native.dtype.is_floating_point:
+        expected = native
+    assert_close(out.to(coarse), expected.to(out_dtype).to(coarse))
+
+
+INPLACE = ["add_.Tensor", "sub_.Tensor", "mul_.Tensor", "div_.Tensor", "div_.Tensor_mode",
+           "pow_.Tensor", "clamp_min_.Tensor", "eq_.Tensor", "exp_.default", "sigmoid_.default",
+           "relu_.default", "gelu_.default", "neg_.default", "masked_fill_.Scalar"]
+
+
+@pytest.mark.parametrize("key", INPLACE)
+@given(pair=operand_pairs(dtypes=(*HALF_AND_FLOAT, torch.int32), specials=False))
+def test_inplace_variants(key: str, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """In-place entries write self (any layout) and agree with torch's in-place op."""
+    a, b = pair
+    assume(torch.broadcast_shapes(a.shape, b.shape) == a.shape)
+    if not b.dtype.is_floating_point:  # integer division by zero: an error on the CPU only
+        b = torch.where(b == 0, torch.ones_like(b), b)
+    name, overload = key.split(".")
+    aten = getattr(getattr(torch.ops.aten, name), overload)
+    schema_args = [arg.name for arg in aten._schema.arguments if not arg.kwarg_only]
+    args: list[Any] = [a.clone()]
+    if "mask" in schema_args:
+        args += [b > 0, 1.5]
+    elif len(schema_args) > 1:
+        args.append(b)
+    kwargs = {"rounding_mode": "floor"} if key == "div_.Tensor_mode" else {}
+    if not torch_accepts(aten, *[x.clone() if isinstance(x, torch.Tensor) else x
+                                 for x in args], **kwargs):
+        with pytest.raises(Unsupported):
+            pw.IMPLS[key](*args, **kwargs)
+        return
+    expected = aten(*[x.clone() if isinstance(x, torch.Tensor) else x for x in args], **kwargs)
+    self = args[0]
+    result = pw.IMPLS[key](*args, **kwargs)
+    assert result is self
+    assert_close(self, expected)
+
+
+def test_large_rank_and_strided_out() -> None:
+    """Operands with more dims than the strided kernel takes, and strided outputs, still match."""
+    a = torch.randn(2, 3, 2, 3, 2, 3, 2)[..., ::2].transpose(0, 5)
+    b = torch.randn(1, 3, 1, 3, 1, 2, 1)
+    check(pw.add(a, b), torch.add, a, b)
+    out = torch.empty(7, 9).t()
+    x, y = torch.randn(9, 7), torch.randn(7)
+    pw.mul(x, y, out=out)
+    assert_close(out, x * y)
+    z = torch.zeros(4, 6)[:, ::2]
+    pw.IMPLS["add_.Tensor"](z, torch.ones(3))
+    assert_close(z, torch.ones(4, 3))
+
+
+def test_unsupported_inputs() -> None:
+    """Complex dtypes, other devices, partial overlap and torch's errors raise Unsupported."""
+    c = torch.randn(4, dtype=torch.complex64)
+    with pytest.raises(Unsupported):
+        pw.add(c, c)
+    with pytest.raises(Unsupported):
+        act.exp(c)
+    with pytest.raises(Unsupported):
+        pw.add(torch.randn(4), torch.randn(4, device="meta"))
+    x = torch.randn(8)
+    with pytest.raises(Unsupported):
+        pw.IMPLS["add_.Tensor"](x[1:], x[:-1])  # overlapping in-place
+    with pytest.raises(Unsupported):
+        pw.IMPLS["add_.Tensor"](torch.randn(3), torch.randn(2, 3))  # self cannot broadcast
+    with pytest.raises(Unsupported):
+        pw.sub(torch.ones(3, dtype=torch.bool), True)
+    with pytest.raises(Unsupported):
+        pw.add(torch.ones(3, dtype=torch.int32), 1, alpha=0.5)
+    with pytest.raises(Unsupported):
+        pw.div(torch.ones(3, dtype=torch.int32), 0, rounding_mode="floor")
+    with pytest.raises(Unsupported):
+        pw.where(torch.ones(3, dtype=torch.int32), x[:3], x[:3])  # non-bool condition
+
+
+def test_empty_and_scalar_shapes() -> None:
+    """0-size inputs give correctly shaped empty results; 0-dim inputs give 0-dim results."""
+    e = torch.empty(0, 3)
+    assert pw.add(e, torch.ones(3)).shape == (0, 3)
+    assert act.exp(torch.empty(2, 0, dtype=torch.int32)).dtype == torch.float32
+    s = torch.tensor(2.0)
+    out = pw.mul(s, s)
+    assert out.shape == () and out.item() == 4.0
+    assert pw.add(s, torch.ones(3, dtype=torch.float16)).dtype == torch.float16
+
+
+def _aten(key: str) -> Any:
+    name, overload = key.split(".")
+    return getattr(getattr(torch.ops.aten, name), overload)
+
+
+@pytest.mark.parametrize("key", sorted(pw.IMPLS))
+def test_impl_signature_matches_schema(key: str) -> None:
+    """Every IMPLS entry takes exactly its aten schema's arguments, positional or keyword-only."""
+    schema = _aten(key)._schema
+    params = list(inspect.signature(pw.IMPLS[key]).parameters.values())
+    assert [p.name for p in params] == [a.name for a in schema.arguments], key
+    for p, a in zip(params, schema.arguments, strict=True):
+        kind = inspect.Parameter.KEYWORD_ONLY if a.kwarg_only else \
+            inspect.Parameter.POSITIONAL_OR_KEYWORD
+        assert p.kind == kind, (key, p.name)
+        if a.has_default_value():
+            assert p.default is not inspect.Parameter.empty, (key, p.name)
+
+
+_SCALARS = {"alpha": 2, "threshold": 0.25, "value": 1.5, "min": -0.5, "max": 0.5,
+            "exponent": 2.5, "other": 0.75, "self": 2.0}
+_STRINGS = {"rounding_mode": "floor", "approximate": "tanh"}
+
+
+def _sample(arg: Any, gen: torch.Generator) -> Any:
+    kind = str(arg.type)
+    if arg.name in ("out", "grad_input"):
+        return torch.empty(0, device=target_device())
+    if arg.name in ("condition", "mask"):
+        return (torch.rand(3, 4, generator=gen) > 0.5).to(target_device())
+    if "Tensor" in kind:
+        if arg.name == "value":
+            return torch.tensor(-1.25)
+        return (torch.randn(3, 4, generator=gen) * 2).to(target_device())
+    if "number" in kind:
+        return _SCALARS[arg.name]
+    return _STRINGS[arg.name]
+
+
+@pytest.mark.parametrize("key", sorted(pw.IMPLS))
+def test_impl_entries_match_aten(key: str) -> None:
+    """Each IMPLS entry, called as the dispatcher calls it, gives aten's result."""
+    schema = _aten(key)._schema
+    gen = torch.Generator().manual_seed(len(key))
+    args, kwargs = [], {}
+    for arg in schema.arguments:
+        value = _sample(arg, gen)
+        (kwargs.__setitem__(arg.name, value) if arg.kwarg_only else args.append(value))
+
+    def copy(v: Any) -> Any:
+        return v.clone() if isinstance(v, torch.Tensor) else v
+
+    expected = _aten(key)(*map(copy, args), **{k: copy(v) for k, v in kwargs.items()})
+    actual = pw.IMPLS[key](*args, **kwargs)
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, key
+    assert_close(actual, expected)

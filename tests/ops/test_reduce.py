@@ -1,0 +1,399 @@
+"""Property tests of the reduce family: sum, mean, prod, amax/amin, max/min, arg*, var_mean, cumsum.
+
+Every op is compared with torch (computed in float64 on the CPU where it rounds) over
+drawn shapes (0-size, 1-element, odd, rank 0-4), dim sets, keepdim, dtypes, and
+transposed or sliced inputs. Tolerances come from the shared table, widened by the
+reduction length.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import warnings
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gemshal
+from gemsops.errors import Unsupported
+from gemsops.ops import reduce as R
+from gemsops.ops import reduce_layout
+from gemsops.ops.reduce_index import argmax, argmin, max_dim, min_dim
+from gemsops.ops.reduce_stats import var_mean
+from gemsops.ops.scan import cumsum
+from gemsops.testing.reference import reference
+from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, dims_for, tensors
+from gemsops.testing.tolerance import assert_close
+
+DEVICE = gemshal.current_device().torch_device
+
+# The interpreter evaluates padding lanes too (-inf - -inf, 0 / 0) in numpy, which warns.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:invalid value encountered:RuntimeWarning",
+    "ignore:divide by zero encountered:RuntimeWarning",
+    "ignore:overflow encountered:RuntimeWarning",
+)
+ALL_DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, torch.float64, torch.int8, torch.bool)
+ORDERED = (*FLOAT_DTYPES, *INT_DTYPES, torch.int8)
+
+
+def on_device(x: torch.Tensor) -> torch.Tensor:
+    """``x`` on the device under test with its strides kept (a sliced view stays sliced)."""
+    if x.device == DEVICE:
+        return x
+    y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=DEVICE)
+    return y.copy_(x)
+
+
+def device_tensors(**kwargs: Any) -> st.SearchStrategy[torch.Tensor]:
+    """The shared ``tensors`` strategy, placed on the device under test."""
+    return tensors(**kwargs).map(on_device)
+
+
+@st.composite
+def nonfinite_tensors(draw: st.DrawFn, **kwargs: Any) -> torch.Tensor:
+    """Tensors with inf, nan and -0.0 planted, but no huge finite values.
+
+    Sums of 1e30 and -1e30 cancel differently in every summation order, so those
+    specials would test the order rather than the kernel; inf and nan do not.
+    """
+    x = draw(tensors(specials=True, **kwargs))
+    if x.dtype.is_floating_point and x.numel():
+        x[torch.isfinite(x) & (x.abs() > 1e20)] = 1.5
+    return on_device(x)
+
+
+def _dims_arg(draw: st.DrawFn, rank: int) -> tuple[int, ...] | None:
+    return draw(st.one_of(st.none(), dims_for(rank)))
+
+
+def _reduced(x: torch.Tensor, dims: tuple[int, ...] | None) -> int:
+    if dims is None or not dims:
+        return max(1, x.numel())
+    return max(1, math.prod(x.shape[d] for d in dims))
+
+
+def _same(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual.cpu(), expected.cpu(), rtol=0, atol=0, equal_nan=True)
+
+
+@settings(max_examples=30)
+@given(x=nonfinite_tensors(dtypes=ALL_DTYPES), data=st.data())
+def test_sum_matches_torch(x: torch.Tensor, data: st.DataObject) -> None:
+    """sum over any dim set, keepdim and dtype= matches torch in dtype, shape and value."""
+    dims = _dims_arg(data.draw, x.dim())
+    keepdim = data.draw(st.booleans())
+    choices = [None, torch.float32, torch.float64] if x.dtype.is_floating_point else [
+        None, torch.int64, torch.float32]
+    dtype = data.draw(st.sampled_from(choices))
+    actual = R.sum(x, dims, keepdim, dtype=dtype)
+    assert actual.dtype == torch.sum(x, dims, keepdim, dtype=dtype).dtype
+    expected = reference(torch.sum, x, dims, keepdim)
+    assert_close(actual, expected, reduce_size=_reduced(x, dims))
+
+
+@settings(max_examples=25)
+@given(x=nonfinite_tensors(dtypes=(*FLOAT_DTYPES, torch.float64)), data=st.data())
+def test_mean_matches_torch(x: torch.Tensor, data: st.DataObject) -> None:
+    """mean over any dim set matches torch; an empty reduction gives nan."""
+    dims = _dims_arg(data.draw, x.dim())
+    keepdim = data.draw(st.booleans())
+    actual = R.mean(x, dims, keepdim)
+    assert actual.dtype == x.dtype
+    assert_close(actual, reference(torch.mean, x, dims, keepdim), reduce_size=_reduced(x, dims))
+
+
+@settings(max_examples=25)
+@given(x=nonfinite_tensors(dtypes=ALL_DTYPES), data=st.data())
+def test_prod_matches_torch(x: torch.Tensor, data: st.DataObject) -> None:
+    """prod over one dim or all matches torch; integer products wrap like torch's."""
+    dim = data.draw(st.none() | st.integers(-max(x.dim(), 1), max(x.dim(), 1) - 1))
+    keepdim = data.draw(st.booleans())
+    actual = R.prod(x, dim, keepdim) if dim is not None else R.prod(x)
+    torch_args = (dim, keepdim) if dim is not None else ()
+    if x.dtype.is_floating_point:
+        dims = None if dim is None else (dim % max(x.dim(), 1),)
+        expected = reference(torch.prod, x, *torch_args)
+        assert_close(actual, expected, reduce_size=_reduced(x, dims if x.dim() else None))
+    else:
+        _same(actual, torch.prod(x, *torch_args))
+
+
+@settings(max_examples=30)
+@given(x=device_tensors(dtypes=ALL_DTYPES, specials=True), data=st.data())
+def test_amax_amin_match_torch_exactly(x: torch.Tensor, data: st.DataObject) -> None:
+    """amax/amin over any non-empty dim set equal torch bit for bit; nan propagates."""
+    dims = data.draw(dims_for(x.dim()))
+    keepdim = data.draw(st.booleans())
+    if any(x.shape[d] == 0 for d in dims) or (not dims and x.numel() == 0):
+        with pytest.raises((IndexError, RuntimeError)):
+            R.amax(x, dims, keepdim)
+        return
+    _same(R.amax(x, dims, keepdim), torch.amax(x, dims, keepdim))
+    _same(R.amin(x, dims, keepdim), torch.amin(x, dims, keepdim))
+
+
+@settings(max_examples=25)
+@given(x=device_tensors(dtypes=ALL_DTYPES, specials=True))
+def test_full_max_min_match_torch(x: torch.Tensor) -> None:
+    """max(x) / min(x) of a non-empty tensor equal torch's; of an empty one raise like it."""
+    if x.numel() == 0:
+        with pytest.raises(RuntimeError, match="Expected reduction dim to be specified"):
+            R.max(x)
+        return
+    _same(R.max(x), torch.max(x))
+    _same(R.min(x), torch.min(x))
+
+
+@settings(max_examples=30)
+@given(x=device_tensors(dtypes=ALL_DTYPES, specials=True), data=st.data())
+def test_max_min_dim_values_and_first_indices(x: torch.Tensor, data: st.DataObject) -> None:
+    """max/min over one dim give torch's values and its first-occurrence indices (nan first)."""
+    rank = max(x.dim(), 1)
+    dim = data.draw(st.integers(-rank, rank - 1))
+    keepdim = data.draw(st.booleans())
+    if x.dim() and x.shape[dim] == 0:
+        with pytest.raises(IndexError, match="to have non-zero size"):
+            max_dim(x, dim, keepdim)
+        return
+    for ours, theirs in ((max_dim, torch.max), (min_dim, torch.min)):
+        values, indices = ours(x, dim, keepdim)
+        t_values, t_indices = theirs(x, dim, keepdim)
+        _same(values, t_values)
+        _same(indices, t_indices)
+
+
+@settings(max_examples=30)
+@given(x=device_tensors(dtypes=ORDERED, specials=True), data=st.data())
+def test_argmax_argmin_match_torch(x: torch.Tensor, data: st.DataObject) -> None:
+    """argmax/argmin over one dim or the flattened tensor equal torch's (ties: first index)."""
+    rank = max(x.dim(), 1)
+    dim = data.draw(st.none() | st.integers(-rank, rank - 1))
+    keepdim = data.draw(st.booleans())
+    empty = x.numel() == 0 if dim is None else bool(x.dim()) and x.shape[dim] == 0
+    if empty:
+        with pytest.raises(IndexError):
+            argmax(x, dim, keepdim)
+        return
+    _same(argmax(x, dim, keepdim), torch.argmax(x, dim, keepdim))
+    _same(argmin(x, dim, keepdim), torch.argmin(x, dim, keepdim))
+
+
+@settings(max_examples=25)
+@given(x=nonfinite_tensors(dtypes=(*FLOAT_DTYPES, torch.float64)), data=st.data())
+def test_var_mean_matches_torch(x: torch.Tensor, data: st.DataObject) -> None:
+    """var_mean over any dim set and correction matches torch, inf/nan for no dof included.
+
+    The mean is compared with torch.mean: torch's own var_mean (a Welford pass) turns
+    the mean of [inf, finite] into nan or inf depending on the order it visits them.
+    """
+    dims = _dims_arg(data.draw, x.dim())
+    keepdim = data.draw(st.booleans())
+    correction = data.draw(st.sampled_from([None, 0, 1, 2, 0.5]))
+    var, mean = var_mean(x, dims, correction=correction, keepdim=keepdim)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns when correction leaves no dof
+        e_var, _ = reference(torch.var_mean, x, dims, correction=correction, keepdim=keepdim)
+    n = _reduced(x, dims)
+    assert_close(mean, reference(torch.mean, x, dims, keepdim), reduce_size=n)
+    assert_close(var, e_var, reduce_size=n)
+
+
+@settings(max_examples=25)
+@given(x=nonfinite_tensors(dtypes=ALL_DTYPES), data=st.data())
+def test_cumsum_matches_torch(x: torch.Tensor, data: st.DataObject) -> None:
+    """cumsum along any dim, with dtype=, matches torch (ints and bool give int64)."""
+    rank = max(x.dim(), 1)
+    dim = data.draw(st.integers(-rank, rank - 1))
+    dtype = data.draw(st.sampled_from(
+        [None, torch.float32] if x.dtype.is_floating_point else [None, torch.int64]))
+    actual = cumsum(x, dim, dtype=dtype)
+    assert actual.dtype == torch.cumsum(x, dim, dtype=dtype).dtype
+    n = x.shape[dim] if x.dim() else 1
+    assert_close(actual, reference(torch.cumsum, x, dim), reduce_size=n)
+
+
+@pytest.fixture
+def split_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every line of 16+ elements split across programs (the two-pass paths)."""
+    monkeypatch.setattr(reduce_layout, "SPLIT_MIN_TOTAL", 0)
+    monkeypatch.setattr(reduce_layout, "SPLIT_MIN_CHUNK", 8)
+    monkeypatch.setattr(reduce_layout, "SPLIT_ALIGN", 8)
+
+
+SPLIT_CASES = [((300,), None), ((5, 200), (1,)), ((200, 3), (0,)), ((70, 2, 5), (0, 1))]
+
+
+@pytest.mark.parametrize(("shape", "dims"), SPLIT_CASES)
+def test_split_reductions_match_one_pass(split_small: None, shape: tuple[int, ...],
+                                         dims: tuple[int, ...] | None) -> None:
+    """Lines split across programs and merged by a second launch give torch's results."""
+    gen = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(shape, generator=gen)
+    x.view(-1)[7] = float("nan")
+    x = on_device(x)
+    n = _reduced(x, dims)
+    assert_close(R.sum(x, dims), reference(torch.sum, x, dims), reduce_size=n)
+    assert_close(R.mean(x, dims), reference(torch.mean, x, dims), reduce_size=n)
+    _same(R.amax(x, dims or ()), torch.amax(x, dims or ()))
+    var, mean = var_mean(x, dims)
+    e_var, e_mean = reference(torch.var_mean, x, dims)
+    assert_close(var, e_var, reduce_size=n)
+    assert_close(mean, e_mean, reduce_size=n)
+    xi = on_device(torch.randint(-3, 3, shape, generator=gen))  # many ties: first index wins
+    d = None if dims is None else dims[0]
+    _same(argmax(xi, d), torch.argmax(xi, d))
+    _same(argmin(x, d), torch.argmin(x, d))
+    if d is not None:
+        _same(max_dim(xi, d).indices, torch.max(xi, d).indices)
+        assert_close(cumsum(x, d), reference(torch.cumsum, x, d), reduce_size=x.shape[d])
+    _same(cumsum(xi, -1), torch.cumsum(xi, -1))
+
+
+def test_layout_reads_common_cases_without_copying() -> None:
+    """sum(dim=0), transposed and sliced inputs reach a kernel as views, not copies."""
+    x = torch.randn(6, 5, 4, device=DEVICE)
+    for dims in [(0,), (1,), (2,), (0, 1), (1, 2), (0, 1, 2)]:
+        assert reduce_layout.plan(x, dims).src is x
+    lay = reduce_layout.plan(x, (1,))
+    assert (lay.M, lay.N, lay.K, lay.stride_n) == (6, 5, 4, 4)
+    t = x[:, :, 0].t()
+    assert reduce_layout.plan(t, (0,)).src is t and reduce_layout.plan(t, (1,)).src is t
+    s = x[..., ::2]
+    assert reduce_layout.plan(s, (2,)).src is s
+    assert reduce_layout.plan(x, (0, 2)).src is not x  # needs one permuted copy
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16])
+def test_other_integer_dtypes(dtype: torch.dtype) -> None:
+    """uint8 and int16 (which the shared strategies do not draw) reduce like torch."""
+    gen = torch.Generator().manual_seed(3)
+    x = on_device(torch.randint(0, 100, (9, 13), generator=gen).to(dtype))
+    for d in (0, 1):
+        _same(R.sum(x, d), torch.sum(x, d))
+        _same(R.amax(x, d), torch.amax(x, d))
+        _same(argmax(x, d), torch.argmax(x, d))
+        _same(cumsum(x, d), torch.cumsum(x, d))
+        _same(R.prod(x, d), torch.prod(x, d))
+
+
+def test_expanded_inputs_read_in_place() -> None:
+    """Broadcast (stride-0) inputs reduce, scan and normalise correctly without a copy."""
+    x = torch.randn(7, device=DEVICE).expand(5, 7)
+    assert reduce_layout.plan(x, (0,)).src is x
+    assert_close(R.sum(x, 0), reference(torch.sum, x, 0), reduce_size=5)
+    _same(argmax(x, 0), torch.argmax(x, 0))
+    assert_close(cumsum(x, 0), reference(torch.cumsum, x, 0), reduce_size=5)
+    var, mean = var_mean(x, 1)
+    e_var, e_mean = reference(torch.var_mean, x, 1)
+    assert_close(var, e_var, reduce_size=7)
+    assert_close(mean, e_mean, reduce_size=7)
+
+
+def test_reductions_of_empty_inputs() -> None:
+    """sum of nothing is 0, prod 1, mean nan; amax/argmax of an empty dim raise like torch."""
+    x = torch.zeros(0, 3, device=DEVICE)
+    _same(R.sum(x, (0,)), torch.zeros(3))
+    _same(R.prod(x, 0), torch.ones(3))
+    assert torch.isnan(R.mean(x)).item()
+    _same(R.amax(x, (1,)), torch.amax(x, (1,)))
+    for ours, theirs in ((R.amax, torch.amax), (R.amin, torch.amin)):
+        with pytest.raises(IndexError) as expected:
+            theirs(x, (0,))
+        with pytest.raises(IndexError) as actual:
+            ours(x, (0,))
+        assert str(actual.value) == str(expected.value)
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda f: f.sum(f.ones(3), (0, 0)), RuntimeError),
+        (lambda f: f.sum(f.ones(3), 1), IndexError),
+        (lambda f: f.mean(f.ones(3, dtype=torch.int32)), RuntimeError),
+        (lambda f: f.mean(f.ones(3), dtype=torch.int64), RuntimeError),
+        (lambda f: f.amax(f.ones(0, 2)), RuntimeError),
+        (lambda f: f.argmax(f.ones(3, dtype=torch.bool)), RuntimeError),
+        (lambda f: f.var_mean(f.ones(3, dtype=torch.int64)), RuntimeError),
+        (lambda f: f.max(f.ones(0)), RuntimeError),
+    ],
+)
+def test_errors_match_torch(call: Callable[[Any], Any], error: type[Exception]) -> None:
+    """Inputs torch rejects raise the same exception type and message here."""
+
+    ones = functools.partial(torch.ones, device=DEVICE)
+    ours_ns = SimpleNamespace(sum=R.sum, mean=R.mean, amax=R.amax, max=R.max, argmax=argmax,
+                              var_mean=var_mean, ones=ones)
+    torch_ns = SimpleNamespace(sum=torch.sum, mean=torch.mean, amax=torch.amax, max=torch.max,
+                               argmax=torch.argmax, var_mean=torch.var_mean, ones=ones)
+    with pytest.raises(error) as theirs:
+        call(torch_ns)
+    with pytest.raises(error) as ours:
+        call(ours_ns)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_impls_signatures_match_aten_schemas() -> None:
+    """Every IMPLS entry takes aten's argument names, keyword-only exactly where aten's are."""
+    assert len(R.IMPLS) >= 30
+    for name, fn in R.IMPLS.items():
+        op, overload = name.split(".")
+        schema = getattr(getattr(torch.ops.aten, op), overload)._schema
+        params = list(inspect.signature(fn).parameters.values())
+        assert [p.name for p in params] == [a.name for a in schema.arguments], name
+        for p, a in zip(params, schema.arguments, strict=True):
+            assert (p.kind == p.KEYWORD_ONLY) == a.kwarg_only, (name, p.name)
+            assert (p.default is not p.empty) == a.has_default_value(), (name, p.name)
+
+
+def test_impls_behave_like_aten() -> None:
+    """IMPLS functions called with aten's arguments return what the aten op returns."""
+    x = torch.randn(4, 6, device=DEVICE)
+    aten = torch.ops.aten
+    assert_close(R.IMPLS["sum.dim_IntList"](x, [1], True), reference(aten.sum.dim_IntList, x, [1],
+                 True), reduce_size=6)
+    total = R.IMPLS["sum.default"](x, dtype=torch.float64)
+    assert_close(total, aten.sum.default(x, dtype=torch.float64), reduce_size=24)
+    v, i = R.IMPLS["max.dim"](x, 0)
+    tv, ti = aten.max.dim(x, 0)
+    _same(v, tv)
+    _same(i, ti)
+    out = torch.empty(0, device=DEVICE)
+    assert R.IMPLS["mean.out"](x, [0], False, out=out) is out
+    assert_close(out, reference(torch.mean, x, 0), reduce_size=4)
+    idx = torch.empty(0, dtype=torch.int64, device=DEVICE)
+    vals = torch.empty(0, device=DEVICE)
+    R.IMPLS["min.dim_min"](x, 1, min=vals, min_indices=idx)
+    _same(idx, torch.argmin(x, 1))
+    o0, o1 = torch.empty(0, device=DEVICE), torch.empty(0, device=DEVICE)
+    R.IMPLS["var_mean.correction_out"](x, [1], correction=0, out0=o0, out1=o1)
+    e_var, e_mean = torch.var_mean(x, 1, correction=0)
+    assert_close(o0, e_var.double(), reduce_size=6)
+    assert_close(o1, e_mean.double(), reduce_size=6)
+    y = x.clone()
+    assert R.IMPLS["cumsum_.default"](y, 1) is y
+    assert_close(y, reference(torch.cumsum, x, 1), reduce_size=6)
+
+
+def test_unsupported_inputs_are_refused_before_writing() -> None:
+    """Complex inputs, out= of another dtype or overlapping the input go to torch untouched."""
+    z = torch.randn(3, 4, dtype=torch.complex64, device=DEVICE)
+    for fn in (lambda: R.sum(z), lambda: R.amax(z, ()), lambda: argmax(z),
+               lambda: var_mean(z), lambda: cumsum(z, 0), lambda: R.prod(z)):
+        with pytest.raises(Unsupported):
+            fn()
+    x = torch.randn(3, 4, device=DEVICE)
+    out = torch.full((4,), 7.0, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(Unsupported):
+        R.IMPLS["sum.IntList_out"](x, [0], out=out)
+    assert (out == 7).all()
+    with pytest.raises(Unsupported):
+        R.IMPLS["cumsum.out"](x, 0, out=x)
