@@ -21,7 +21,7 @@ def test_local_rank_reads_the_variable_and_rejects_garbage() -> None:
     """LOCAL_RANK is read as an integer; a malformed value is an error naming it."""
     assert local_rank({}) == 0
     assert local_rank({"LOCAL_RANK": "3"}) == 3
-    with pytest.raises(ConfigError, match="LOCAL_RANK.*'two'"):
+    with pytest.raises(ConfigError, match=r"LOCAL_RANK.*'two'"):
         local_rank({"LOCAL_RANK": "two"})
     with pytest.raises(ConfigError, match="-1"):
         local_rank({"LOCAL_RANK": "-1"})

@@ -71,7 +71,7 @@ def test_op_name_covers_all_overloads_but_an_overload_only_itself() -> None:
 
 def test_unknown_op_name_lists_close_matches() -> None:
     """A misspelt op is an UnknownOpError suggesting the names it resembles."""
-    with pytest.raises(gemsops.UnknownOpError, match="'ad'.*add"):
+    with pytest.raises(gemsops.UnknownOpError, match=r"'ad'.*add"):
         gemsops.enable(unused=["ad"])
     with pytest.raises(LookupError, match="no op named 'definitely_not_an_op'"):
         gemsops.enable(include=["definitely_not_an_op"])

@@ -72,7 +72,8 @@ def _fill(
     if dtype == torch.bool:
         return torch.randint(0, 2, tuple(shape), generator=gen).bool()
     if not dtype.is_floating_point:
-        return torch.randint(-50, 50, tuple(shape), generator=gen, dtype=dtype)
+        low = 0 if dtype == torch.uint8 else -50  # unsigned types hold no negatives
+        return torch.randint(low, 50, tuple(shape), generator=gen, dtype=dtype)
     t = torch.randn(tuple(shape), generator=gen, dtype=torch.float32)
     if specials and t.numel():
         n = draw(st.integers(0, min(4, t.numel())))
