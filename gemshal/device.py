@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import platform
 import threading
 import warnings
 from types import TracebackType
@@ -187,6 +186,8 @@ def device_module() -> Any:
 def _describe(state: _State, index: int) -> Device:
     info = state.detection.vendor
     if info.is_cpu:
+        import platform
+
         pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
         return Device(
             vendor=info,

@@ -8,8 +8,6 @@ tests pass a :class:`StaticFacts` describing any machine.
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import subprocess
 from typing import Protocol
 
 import attrs
@@ -163,6 +161,9 @@ class LiveFacts:
         return value if isinstance(value, str) else None
 
     def run(self, argv: tuple[str, ...], timeout: float) -> str | None:
+        import shutil
+        import subprocess
+
         if shutil.which(argv[0]) is None:
             return None
         try:

@@ -10,7 +10,6 @@ appears in :func:`plugin_failures`, in the detection trace and in
 
 from __future__ import annotations
 
-import difflib
 import importlib.metadata
 import threading
 
@@ -139,6 +138,8 @@ def vendor(name: str) -> VendorInfo:
             f"gemshal: raised while loading vendor plugin {name!r} ({failure.entry_point})"
         )
         raise error
+    import difflib  # only on the error path: keeps import gemshal light
+
     known = sorted(_STATE.vendors)
     close = difflib.get_close_matches(str(name), known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
