@@ -33,7 +33,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(PY) -m mypy
-	$(PY) -m ruff check gemshal gemsops tests
+	$(PY) -m ruff check gemshal gemsops tests examples
 	$(PY) -m ruff format --check gemshal
 
 bench: $(STAMP)

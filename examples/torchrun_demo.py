@@ -7,6 +7,8 @@ vendor: gemshal picks the device for LOCAL_RANK and the process-group backend
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -30,13 +32,14 @@ def main() -> None:
     expected = expected_local.to(device)
     dist.all_reduce(expected)
     ok = abs(total.item() - expected.item()) < 1e-3 * max(1.0, abs(expected.item()))
-    print(
+    line = (
         f"rank {setup.rank}/{setup.world_size} on {device} via {setup.backend}: "
         f"local {local.item():.6f}, all-reduced {total.item():.6f}, "
         f"expected {expected.item():.6f}, gemsops served {sum(rec.served.values())} calls, "
-        f"{'OK' if ok else 'MISMATCH'}",
-        flush=True,
+        f"{'OK' if ok else 'MISMATCH'}\n"
     )
+    sys.stdout.write(line)  # one write per rank, so ranks' lines do not interleave
+    sys.stdout.flush()
     dist.destroy_process_group()
     if not ok:
         raise SystemExit(1)

@@ -29,8 +29,12 @@ def _sum_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
 
 
 _TORCH_NAMES = {
-    torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
-    torch.int32: "Int", torch.int64: "Long",
+    torch.bool: "Bool",
+    torch.uint8: "Byte",
+    torch.int8: "Char",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
 }
 
 
@@ -48,7 +52,10 @@ def _mean_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
 
 
 def sum(
-    x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,
+    x: Tensor,
+    dim: int | Sequence[int] | None = None,
+    keepdim: bool = False,
+    *,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
     """Sum over ``dim`` (all dims when None or empty), like ``torch.sum``.
@@ -68,7 +75,10 @@ def sum(
 
 
 def mean(
-    x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False, *,
+    x: Tensor,
+    dim: int | Sequence[int] | None = None,
+    keepdim: bool = False,
+    *,
     dtype: torch.dtype | None = None,
 ) -> Tensor:
     """Mean over ``dim`` (all dims when None or empty); floating results only, like torch.
@@ -94,8 +104,9 @@ def prod(
     return reduce(x, dims, keepdim if dim is not None else False, PROD, out_dtype)
 
 
-def _extremum(name: str, op: int, x: Tensor, dim: int | Sequence[int] | None,
-              keepdim: bool) -> Tensor:
+def _extremum(
+    name: str, op: int, x: Tensor, dim: int | Sequence[int] | None, keepdim: bool
+) -> Tensor:
     check_input(x)
     dims = dim_list(dim, x.dim())
     everything = dim is None or (not isinstance(dim, int) and len(dim) == 0)
@@ -148,29 +159,38 @@ def _into(out: Tensor, x: Tensor, compute: Callable[[], Tensor]) -> Tensor:
 IMPLS: dict[str, Callable[..., Any]] = {
     "sum.default": lambda self, *, dtype=None: sum(self, None, False, dtype=dtype),
     "sum.dim_IntList": lambda self, dim, keepdim=False, *, dtype=None: sum(
-        self, dim, keepdim, dtype=dtype),
+        self, dim, keepdim, dtype=dtype
+    ),
     "sum.IntList_out": lambda self, dim, keepdim=False, *, dtype=None, out: _into(
-        out, self, lambda: sum(self, dim, keepdim, dtype=dtype)),
+        out, self, lambda: sum(self, dim, keepdim, dtype=dtype)
+    ),
     "sum.out": lambda self, *, dtype=None, out: _into(out, self, lambda: sum(self, dtype=dtype)),
     "mean.default": lambda self, *, dtype=None: mean(self, None, False, dtype=dtype),
     "mean.dim": lambda self, dim, keepdim=False, *, dtype=None: mean(
-        self, dim, keepdim, dtype=dtype),
+        self, dim, keepdim, dtype=dtype
+    ),
     "mean.out": lambda self, dim, keepdim=False, *, dtype=None, out: _into(
-        out, self, lambda: mean(self, dim, keepdim, dtype=dtype)),
+        out, self, lambda: mean(self, dim, keepdim, dtype=dtype)
+    ),
     "mean.dtype_out": lambda self, *, dtype=None, out: _into(
-        out, self, lambda: mean(self, dtype=dtype)),
+        out, self, lambda: mean(self, dtype=dtype)
+    ),
     "prod.default": lambda self, *, dtype=None: prod(self, dtype=dtype),
     "prod.dim_int": lambda self, dim, keepdim=False, *, dtype=None: prod(
-        self, dim, keepdim, dtype=dtype),
+        self, dim, keepdim, dtype=dtype
+    ),
     "prod.int_out": lambda self, dim, keepdim=False, *, dtype=None, out: _into(
-        out, self, lambda: prod(self, dim, keepdim, dtype=dtype)),
+        out, self, lambda: prod(self, dim, keepdim, dtype=dtype)
+    ),
     "prod.out": lambda self, *, dtype=None, out: _into(out, self, lambda: prod(self, dtype=dtype)),
     "amax.default": lambda self, dim=(), keepdim=False: amax(self, dim, keepdim),
     "amax.out": lambda self, dim=(), keepdim=False, *, out: _into(
-        out, self, lambda: amax(self, dim, keepdim)),
+        out, self, lambda: amax(self, dim, keepdim)
+    ),
     "amin.default": lambda self, dim=(), keepdim=False: amin(self, dim, keepdim),
     "amin.out": lambda self, dim=(), keepdim=False, *, out: _into(
-        out, self, lambda: amin(self, dim, keepdim)),
+        out, self, lambda: amin(self, dim, keepdim)
+    ),
     "max.default": lambda self: max(self),
     "max.unary_out": lambda self, *, out: _into(out, self, lambda: max(self)),
     "min.default": lambda self: min(self),

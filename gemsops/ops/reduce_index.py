@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
 from gemshal.autotune import autotune
 from gemsops.errors import Unsupported
 from gemsops.ops.reduce_layout import (
@@ -27,6 +26,8 @@ from gemsops.ops.reduce_layout import (
     kernel_view,
     max_identity,
     min_identity,
+    part_buffer,
+    part_layout,
     plan,
     reduced_shape,
     split,
@@ -34,6 +35,7 @@ from gemsops.ops.reduce_layout import (
     wrap_dim,
     write_out,
 )
+from gemsops.ops.reduce_tiles import chunk_tile, launch, mid_block, row_block, split_bounds
 
 __all__ = ["IMPLS", "argmax", "argmin", "max_dim", "min_dim"]
 
@@ -72,6 +74,50 @@ def _pick_axis(vals, idxs, AXIS: tl.constexpr, IS_MAX: tl.constexpr, INIT: tl.co
     return top, idx
 
 
+@triton.jit
+def _load_pairs(
+    X,
+    IDX_IN,
+    off,
+    mask,
+    n,
+    AXIS: tl.constexpr,
+    CMP: tl.constexpr,
+    INIT: tl.constexpr,
+    HAS_IDX_IN: tl.constexpr,
+):
+    """The (value, index) pairs of a tile: indices read from IDX_IN (a second pass) or
+    the positions ``n`` along AXIS; masked lanes get INIT and the sentinel."""
+    v = tl.load(X + off, mask=mask, other=INIT).to(CMP)
+    if HAS_IDX_IN:
+        i = tl.load(IDX_IN + off, mask=mask, other=_SENTINEL)
+    elif AXIS == 1:
+        i = tl.where(mask, n[None, :], _SENTINEL)
+    else:
+        i = tl.where(mask, n[:, None], _SENTINEL)
+    return v, i
+
+
+@triton.jit
+def _store_best(
+    VAL_OUT,
+    IDX_OUT,
+    out,
+    ok,
+    best_v,
+    best_i,
+    AXIS: tl.constexpr,
+    IS_MAX: tl.constexpr,
+    INIT: tl.constexpr,
+    WRITE_VAL: tl.constexpr,
+):
+    """Reduce the accumulator tiles along AXIS and store the winner at ``out``."""
+    v, i = _pick_axis(best_v, best_i, AXIS, IS_MAX, INIT)
+    if WRITE_VAL:
+        tl.store(VAL_OUT + out, v, mask=ok)
+    tl.store(IDX_OUT + out, i, mask=ok)
+
+
 @autotune("arg_reduce_rows", key=["M", "N"])
 @triton.jit
 def _arg_rows_kernel(
@@ -92,34 +138,30 @@ def _arg_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    part = tl.program_id(1)
-    parts = tl.num_programs(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
+    rows, row_ok = row_block(M, BLOCK_M)
+    part, parts, lo, hi = split_bounds(CHUNK, N)
     row_off = rows.to(tl.int64)[:, None] * stride_m
-    lo = part * CHUNK
-    hi = tl.minimum(lo + CHUNK, N)
     cols = tl.arange(0, BLOCK_N)
     best_v = tl.full((BLOCK_M, BLOCK_N), INIT, CMP)
     # Masked lanes carry the sentinel index, so they lose every tie to a real element.
     best_i = tl.full((BLOCK_M, BLOCK_N), _SENTINEL, tl.int32)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
     for start in range(lo, hi, BLOCK_N):
-        n = start + cols
-        mask = row_ok[:, None] & (n < hi)[None, :]
-        off = row_off + start * step_n + cols[None, :] * stride_n
-        v = tl.load(X + off, mask=mask, other=INIT).to(CMP)
-        if HAS_IDX_IN:
-            i = tl.load(IDX_IN + off, mask=mask, other=_SENTINEL)
-        else:
-            i = tl.where(mask, n[None, :], _SENTINEL)
+        n, _, mask, off = chunk_tile(start, cols, hi, row_off, row_ok, step_n, stride_n, 1)
+        v, i = _load_pairs(X, IDX_IN, off, mask, n, 1, CMP, INIT, HAS_IDX_IN)
         best_v, best_i = _pick(v, i, best_v, best_i, IS_MAX)
-    v, i = _pick_axis(best_v, best_i, 1, IS_MAX, INIT)
-    out = rows.to(tl.int64) * parts + part
-    if WRITE_VAL:
-        tl.store(VAL_OUT + out, v, mask=row_ok)
-    tl.store(IDX_OUT + out, i, mask=row_ok)
+    _store_best(
+        VAL_OUT,
+        IDX_OUT,
+        rows.to(tl.int64) * parts + part,
+        row_ok,
+        best_v,
+        best_i,
+        1,
+        IS_MAX,
+        INIT,
+        WRITE_VAL,
+    )
 
 
 @autotune("arg_reduce_mid", key=["M", "N", "K"])
@@ -143,68 +185,76 @@ def _arg_mid_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    part = tl.program_id(1)
-    parts = tl.num_programs(1)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    m = pid // k_blocks
-    ks = (pid % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
-    k_ok = ks < K
-    base = m.to(tl.int64) * stride_m + ks[None, :]
-    lo = part * CHUNK
-    hi = tl.minimum(lo + CHUNK, N)
+    m, ks, k_ok = mid_block(K, BLOCK_K)
+    part, parts, lo, hi = split_bounds(CHUNK, N)
+    base = m * stride_m + ks[None, :]
     ns = tl.arange(0, BLOCK_N)
     best_v = tl.full((BLOCK_N, BLOCK_K), INIT, CMP)
     best_i = tl.full((BLOCK_N, BLOCK_K), _SENTINEL, tl.int32)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
     for start in range(lo, hi, BLOCK_N):
-        n = start + ns
-        mask = (n < hi)[:, None] & k_ok[None, :]
-        off = base + start * step_n + ns[:, None] * stride_n
-        v = tl.load(X + off, mask=mask, other=INIT).to(CMP)
-        if HAS_IDX_IN:
-            i = tl.load(IDX_IN + off, mask=mask, other=_SENTINEL)
-        else:
-            i = tl.where(mask, n[:, None], _SENTINEL)
+        n, _, mask, off = chunk_tile(start, ns, hi, base, k_ok, step_n, stride_n, 0)
+        v, i = _load_pairs(X, IDX_IN, off, mask, n, 0, CMP, INIT, HAS_IDX_IN)
         best_v, best_i = _pick(v, i, best_v, best_i, IS_MAX)
-    v, i = _pick_axis(best_v, best_i, 0, IS_MAX, INIT)
-    out = (m.to(tl.int64) * parts + part) * K + ks
-    if WRITE_VAL:
-        tl.store(VAL_OUT + out, v, mask=k_ok)
-    tl.store(IDX_OUT + out, i, mask=k_ok)
+    _store_best(
+        VAL_OUT,
+        IDX_OUT,
+        (m * parts + part) * K + ks,
+        k_ok,
+        best_v,
+        best_i,
+        0,
+        IS_MAX,
+        INIT,
+        WRITE_VAL,
+    )
 
 
-def _launch(lay: Layout, idx_in: Tensor | None, val_out: Tensor | None, idx_out: Tensor,
-            parts: int, chunk: int, is_max: bool, init: float | int) -> None:
-    src, m, n, k = lay.src, lay.M, lay.N, lay.K
+def _launch(
+    lay: Layout,
+    idx_in: Tensor | None,
+    val_out: Tensor | None,
+    idx_out: Tensor,
+    parts: int,
+    chunk: int,
+    is_max: bool,
+    init: float | int,
+) -> None:
+    src = lay.src
     cmp = torch.float32 if src.dtype in (torch.float16, torch.bfloat16) else src.dtype
-    consts = {"IS_MAX": is_max, "CMP": tl_dtype(cmp), "INIT": init,
-              "HAS_IDX_IN": idx_in is not None, "WRITE_VAL": val_out is not None}
+    consts = {
+        "IS_MAX": is_max,
+        "CMP": tl_dtype(cmp),
+        "INIT": init,
+        "HAS_IDX_IN": idx_in is not None,
+        "WRITE_VAL": val_out is not None,
+    }
     # Unused pointer arguments get a real tensor so every launch has the same signature.
     idx_arg = src if idx_in is None else idx_in
     val_arg = idx_out if val_out is None else val_out
-    with gemshal.device_guard(src.device):
-        if k == 1:
-            _arg_rows_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), parts)](
-                src, idx_arg, val_arg, idx_out, m, n, lay.stride_m, lay.stride_n, chunk, **consts
-            )
-        else:
-            _arg_mid_kernel[lambda meta: (m * triton.cdiv(k, meta["BLOCK_K"]), parts)](
-                src, idx_arg, val_arg, idx_out, m, n, k, lay.stride_m, lay.stride_n, chunk,
-                **consts,
-            )
+    launch(
+        _arg_rows_kernel,
+        _arg_mid_kernel,
+        lay,
+        (idx_arg, val_arg, idx_out),
+        (chunk,),
+        consts,
+        parts,
+    )
 
 
-def _arg_reduce(name: str, x: Tensor, dim: int | None, keepdim: bool, is_max: bool,
-                with_values: bool) -> tuple[Tensor | None, Tensor]:
+def _arg_reduce(
+    name: str, x: Tensor, dim: int | None, keepdim: bool, is_max: bool, with_values: bool
+) -> tuple[Tensor | None, Tensor]:
     """Best values (if ``with_values``) and their int64 indices over ``dim`` (None: flat)."""
     check_input(x)
     if x.dtype == torch.bool and not with_values:
         raise RuntimeError(f"{name}(): does not support bool input")
     if dim is None:
         if x.numel() == 0:
-            raise IndexError(f"{name}(): Expected reduction dim to be specified for "
-                             "input.numel() == 0.")
+            raise IndexError(
+                f"{name}(): Expected reduction dim to be specified for input.numel() == 0."
+            )
         dims = dim_list(None, x.dim())
     else:
         d = wrap_dim(dim, x.dim())
@@ -226,11 +276,10 @@ def _arg_reduce(name: str, x: Tensor, dim: int | None, keepdim: bool, is_max: bo
     if parts == 1:
         _launch(lay, None, val_out, indices, 1, lay.N, is_max, init)
         return values, indices
-    part_v = torch.empty((lay.M, parts, lay.K), dtype=src.dtype, device=x.device)
-    part_i = torch.empty((lay.M, parts, lay.K), dtype=torch.int32, device=x.device)
+    part_v = part_buffer(lay, parts, src.dtype)
+    part_i = part_buffer(lay, parts, torch.int32)
     _launch(lay, None, part_v, part_i, parts, chunk, is_max, init)
-    second = Layout(part_v, lay.M, parts, lay.K, parts * lay.K, lay.K)
-    _launch(second, part_i, val_out, indices, 1, parts, is_max, init)
+    _launch(part_layout(lay, part_v), part_i, val_out, indices, 1, parts, is_max, init)
     return values, indices
 
 
@@ -269,8 +318,15 @@ def _pair(name: str, is_max: bool, x: Tensor, dim: int, keepdim: bool) -> tuple[
     return values, indices
 
 
-def _pair_out(name: str, is_max: bool, x: Tensor, dim: int, keepdim: bool, values_out: Tensor,
-              indices_out: Tensor) -> tuple[Tensor, Tensor]:
+def _pair_out(
+    name: str,
+    is_max: bool,
+    x: Tensor,
+    dim: int,
+    keepdim: bool,
+    values_out: Tensor,
+    indices_out: Tensor,
+) -> tuple[Tensor, Tensor]:
     check_input(x)
     values, indices = _pair(name, is_max, x, dim, keepdim)
     # Check both outputs before writing either: a refusal must leave both untouched.
@@ -283,8 +339,9 @@ def _pair_out(name: str, is_max: bool, x: Tensor, dim: int, keepdim: bool, value
     return write_out(values_out, values, x), write_out(indices_out, indices, x)
 
 
-def _arg_out(name: str, is_max: bool, x: Tensor, dim: int | None, keepdim: bool,
-             out: Tensor) -> Tensor:
+def _arg_out(
+    name: str, is_max: bool, x: Tensor, dim: int | None, keepdim: bool, out: Tensor
+) -> Tensor:
     check_input(x)
     return write_out(out, _arg_reduce(name, x, dim, keepdim, is_max, False)[1], x)
 
@@ -292,15 +349,19 @@ def _arg_out(name: str, is_max: bool, x: Tensor, dim: int | None, keepdim: bool,
 IMPLS: dict[str, Callable[..., Any]] = {
     "max.dim": lambda self, dim, keepdim=False: _pair("max", True, self, dim, keepdim),
     "max.dim_max": lambda self, dim, keepdim=False, *, max, max_values: _pair_out(
-        "max", True, self, dim, keepdim, max, max_values),
+        "max", True, self, dim, keepdim, max, max_values
+    ),
     "min.dim": lambda self, dim, keepdim=False: _pair("min", False, self, dim, keepdim),
     "min.dim_min": lambda self, dim, keepdim=False, *, min, min_indices: _pair_out(
-        "min", False, self, dim, keepdim, min, min_indices),
+        "min", False, self, dim, keepdim, min, min_indices
+    ),
     "argmax.default": lambda self, dim=None, keepdim=False: argmax(self, dim, keepdim),
     "argmax.out": lambda self, dim=None, keepdim=False, *, out: _arg_out(
-        "argmax", True, self, dim, keepdim, out),
+        "argmax", True, self, dim, keepdim, out
+    ),
     "argmin.default": lambda self, dim=None, keepdim=False: argmin(self, dim, keepdim),
     "argmin.out": lambda self, dim=None, keepdim=False, *, out: _arg_out(
-        "argmin", False, self, dim, keepdim, out),
+        "argmin", False, self, dim, keepdim, out
+    ),
 }
 """aten overloads served by this module (merged into gemsops.ops.reduce.IMPLS)."""

@@ -39,6 +39,8 @@ __all__ = [
     "line_layout",
     "max_identity",
     "min_identity",
+    "part_buffer",
+    "part_layout",
     "plan",
     "reduced_shape",
     "split",
@@ -131,8 +133,9 @@ def check_input(x: torch.Tensor, *, floating_only: bool = False) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _refusal(vendor: VendorInfo, dtype: torch.dtype, device_type: str,
-             floating_only: bool) -> str | None:
+def _refusal(
+    vendor: VendorInfo, dtype: torch.dtype, device_type: str, floating_only: bool
+) -> str | None:
     # Cached: the answer depends only on these, and the launch path is paid per call.
     if dtype not in _SUPPORTED or (floating_only and dtype not in _FLOATS):
         return f"dtype {dtype}"
@@ -254,8 +257,9 @@ def collapse(sizes: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | 
     return extent, stride
 
 
-def plan(x: torch.Tensor, dims: Sequence[int], *, reorder: bool = True,
-         copy: bool = True) -> Layout | None:
+def plan(
+    x: torch.Tensor, dims: Sequence[int], *, reorder: bool = True, copy: bool = True
+) -> Layout | None:
     """The (M, N, K) view of ``x`` reducing ``dims``, copying only when no view exists.
 
     Args:
@@ -278,15 +282,17 @@ def plan(x: torch.Tensor, dims: Sequence[int], *, reorder: bool = True,
     return Layout(src, m, n, 1, n, 1)
 
 
-def view(shape: tuple[int, ...], strides: tuple[int, ...], dims: tuple[int, ...],
-         reorder: bool = True) -> tuple[int, int, int, int, int] | None:
+def view(
+    shape: tuple[int, ...], strides: tuple[int, ...], dims: tuple[int, ...], reorder: bool = True
+) -> tuple[int, int, int, int, int] | None:
     """(M, N, K, stride_m, stride_n) of a copy-free (M, N, K) view, or None."""
     return _view(shape, strides, dims, reorder)
 
 
 @functools.lru_cache(maxsize=4096)
-def _view(shape: tuple[int, ...], strides: tuple[int, ...], dims: tuple[int, ...],
-          reorder: bool) -> tuple[int, int, int, int, int] | None:
+def _view(
+    shape: tuple[int, ...], strides: tuple[int, ...], dims: tuple[int, ...], reorder: bool
+) -> tuple[int, int, int, int, int] | None:
     """(M, N, K, stride_m, stride_n) of a copy-free view, or None (cached: pure)."""
     red = list(dims)
     if reorder:
@@ -333,10 +339,11 @@ def line_layout(x: torch.Tensor, d: int) -> Layout:
 
 
 @functools.lru_cache(maxsize=4096)
-def _line_view(shape: tuple[int, ...], strides: tuple[int, ...],
-               d: int) -> tuple[int, int, int, int, int] | None:
+def _line_view(
+    shape: tuple[int, ...], strides: tuple[int, ...], d: int
+) -> tuple[int, int, int, int, int] | None:
     outer = collapse(shape[:d], strides[:d])
-    inner = collapse(shape[d + 1:], strides[d + 1:])
+    inner = collapse(shape[d + 1 :], strides[d + 1 :])
     if outer is None or inner is None or (inner[0] > 1 and inner[1] != 1):
         return None
     return outer[0], shape[d], inner[0], outer[1], strides[d]
@@ -371,6 +378,18 @@ def split_sizes(m: int, n: int, k: int) -> tuple[int, int]:
         chunk = -(-chunk // SPLIT_ALIGN) * SPLIT_ALIGN
     parts = -(-n // chunk)
     return (parts, chunk) if parts > 1 else (1, n)
+
+
+def part_buffer(lay: Layout, parts: int, dtype: torch.dtype) -> torch.Tensor:
+    """The (M, parts, K) buffer a pass split into ``parts`` (see :func:`split`) writes."""
+    return torch.empty((lay.M, parts, lay.K), dtype=dtype, device=lay.src.device)
+
+
+def part_layout(lay: Layout, buf: torch.Tensor) -> Layout:
+    """The layout of ``buf`` (from :func:`part_buffer`) for the launch that combines
+    its parts: the parts are the reduced extent, the rest is ``lay``'s."""
+    parts = buf.shape[1]
+    return Layout(buf, lay.M, parts, lay.K, parts * lay.K, lay.K)
 
 
 def write_out(out: torch.Tensor, result: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:

@@ -17,19 +17,21 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
 from gemshal.autotune import autotune
 from gemsops.ops.reduce_layout import (
     Layout,
     acc_dtype,
     check_input,
     dim_list,
+    part_buffer,
+    part_layout,
     plan,
     reduced_shape,
     split,
     tl_dtype,
     write_out,
 )
+from gemsops.ops.reduce_tiles import chunk_tile, launch, mid_block, row_block, split_bounds
 
 __all__ = ["IMPLS", "var_mean"]
 
@@ -57,6 +59,36 @@ def _merge(n, mean, m2, w, x, q, AXIS: tl.constexpr):
     return total, new_mean, m2 + c_m2 + delta * delta * n * frac
 
 
+@triton.jit
+def _summaries(X, Q_IN, off, mask, j, j_ok, TOTAL, PART, ACC: tl.constexpr, PARTIAL: tl.constexpr):
+    """A tile as the summaries (w, x, q) :func:`_merge` takes; ``j`` are the positions
+    along the line and ``j_ok`` those in it.
+
+    Raw values count 1 each with M2 0; with PARTIAL, X and Q_IN hold partial means and
+    M2s, and partial ``j`` covers PART elements, fewer for the last (TOTAL in all).
+    """
+    x = tl.load(X + off, mask=mask, other=0.0).to(ACC)
+    if PARTIAL:
+        q = tl.load(Q_IN + off, mask=mask, other=0.0).to(ACC)
+        w = tl.minimum(tl.maximum(TOTAL - j.to(tl.int64) * PART, 0), PART)
+        w = tl.where(j_ok, w, 0).to(ACC)
+    else:
+        q = tl.zeros_like(x)
+        w = j_ok.to(ACC)
+    return w, x, q
+
+
+@triton.jit
+def _store(MEAN_OUT, VAR_OUT, out, ok, n, mean, m2, DOF, ACC: tl.constexpr, FINAL: tl.constexpr):
+    """Store a summary at ``out``: when FINAL as (mean, variance), else as (mean, M2)."""
+    if FINAL:
+        # The mean of nothing is nan (0 / 0), as in torch.
+        mean = tl.where(n > 0, mean, float("nan"))
+        m2 = m2 / tl.cast(DOF, ACC)
+    tl.store(MEAN_OUT + out, mean, mask=ok)
+    tl.store(VAR_OUT + out, m2, mask=ok)
+
+
 @autotune("var_mean_rows", key=["M", "N"])
 @triton.jit
 def _var_mean_rows_kernel(
@@ -78,40 +110,21 @@ def _var_mean_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    part = tl.program_id(1)
-    parts = tl.num_programs(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
+    rows, row_ok = row_block(M, BLOCK_M)
+    part, parts, lo, hi = split_bounds(CHUNK, N)
     row_off = rows.to(tl.int64)[:, None] * stride_m
-    lo = part * CHUNK
-    hi = tl.minimum(lo + CHUNK, N)
     cols = tl.arange(0, BLOCK_N)
     n = tl.sum(tl.zeros((1,), ACC), 0)
     mean = tl.zeros((BLOCK_M,), ACC)
     m2 = tl.zeros((BLOCK_M,), ACC)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
     for start in range(lo, hi, BLOCK_N):
-        j = start + cols
-        col_ok = j < hi
-        mask = row_ok[:, None] & col_ok[None, :]
-        off = row_off + start * step_n + cols[None, :] * stride_n
-        x = tl.load(X + off, mask=mask, other=0.0).to(ACC)
-        if PARTIAL:
-            q = tl.load(Q_IN + off, mask=mask, other=0.0).to(ACC)
-            w = tl.minimum(tl.maximum(TOTAL - j.to(tl.int64) * PART, 0), PART)
-            w = tl.where(col_ok, w, 0).to(ACC)
-        else:
-            q = tl.zeros((BLOCK_M, BLOCK_N), ACC)
-            w = col_ok.to(ACC)
+        j, col_ok, mask, off = chunk_tile(start, cols, hi, row_off, row_ok, step_n, stride_n, 1)
+        w, x, q = _summaries(X, Q_IN, off, mask, j, col_ok, TOTAL, PART, ACC, PARTIAL)
         n, mean, m2 = _merge(n, mean, m2, w, x, q, 1)
-    out = rows.to(tl.int64) * parts + part
-    if FINAL:
-        # The mean of nothing is nan (0 / 0), as in torch.
-        mean = tl.where(n > 0, mean, float("nan"))
-        m2 = m2 / tl.cast(DOF, ACC)
-    tl.store(MEAN_OUT + out, mean, mask=row_ok)
-    tl.store(VAR_OUT + out, m2, mask=row_ok)
+    _store(
+        MEAN_OUT, VAR_OUT, rows.to(tl.int64) * parts + part, row_ok, n, mean, m2, DOF, ACC, FINAL
+    )
 
 
 @autotune("var_mean_mid", key=["M", "N", "K"])
@@ -136,65 +149,52 @@ def _var_mean_mid_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    part = tl.program_id(1)
-    parts = tl.num_programs(1)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    m = pid // k_blocks
-    ks = (pid % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
-    k_ok = ks < K
-    base = m.to(tl.int64) * stride_m + ks[None, :]
-    lo = part * CHUNK
-    hi = tl.minimum(lo + CHUNK, N)
+    m, ks, k_ok = mid_block(K, BLOCK_K)
+    part, parts, lo, hi = split_bounds(CHUNK, N)
+    base = m * stride_m + ks[None, :]
     ns = tl.arange(0, BLOCK_N)
     n = tl.sum(tl.zeros((1,), ACC), 0)
     mean = tl.zeros((BLOCK_K,), ACC)
     m2 = tl.zeros((BLOCK_K,), ACC)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
     for start in range(lo, hi, BLOCK_N):
-        j = start + ns
-        row_ok = j < hi
-        mask = row_ok[:, None] & k_ok[None, :]
-        off = base + start * step_n + ns[:, None] * stride_n
-        x = tl.load(X + off, mask=mask, other=0.0).to(ACC)
-        if PARTIAL:
-            q = tl.load(Q_IN + off, mask=mask, other=0.0).to(ACC)
-            w = tl.minimum(tl.maximum(TOTAL - j.to(tl.int64) * PART, 0), PART)
-            w = tl.where(row_ok, w, 0).to(ACC)
-        else:
-            q = tl.zeros((BLOCK_N, BLOCK_K), ACC)
-            w = row_ok.to(ACC)
+        j, row_ok, mask, off = chunk_tile(start, ns, hi, base, k_ok, step_n, stride_n, 0)
+        w, x, q = _summaries(X, Q_IN, off, mask, j, row_ok, TOTAL, PART, ACC, PARTIAL)
         n, mean, m2 = _merge(n, mean, m2, w, x, q, 0)
-    out = (m.to(tl.int64) * parts + part) * K + ks
-    if FINAL:
-        # The mean of nothing is nan (0 / 0), as in torch.
-        mean = tl.where(n > 0, mean, float("nan"))
-        m2 = m2 / tl.cast(DOF, ACC)
-    tl.store(MEAN_OUT + out, mean, mask=k_ok)
-    tl.store(VAR_OUT + out, m2, mask=k_ok)
+    _store(MEAN_OUT, VAR_OUT, (m * parts + part) * K + ks, k_ok, n, mean, m2, DOF, ACC, FINAL)
 
 
-def _launch(lay: Layout, q_in: Tensor | None, mean_out: Tensor, var_out: Tensor, parts: int,
-            chunk: int, total: int, part: int, dof: float | int, acc: torch.dtype,
-            final: bool) -> None:
-    src, m, n, k = lay.src, lay.M, lay.N, lay.K
+def _launch(
+    lay: Layout,
+    q_in: Tensor | None,
+    mean_out: Tensor,
+    var_out: Tensor,
+    parts: int,
+    chunk: int,
+    total: int,
+    part: int,
+    dof: float | int,
+    acc: torch.dtype,
+    final: bool,
+) -> None:
     consts = {"ACC": tl_dtype(acc), "PARTIAL": q_in is not None, "FINAL": final}
-    q_arg = src if q_in is None else q_in
-    with gemshal.device_guard(src.device):
-        if k == 1:
-            _var_mean_rows_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), parts)](
-                src, q_arg, mean_out, var_out, m, n, lay.stride_m, lay.stride_n, chunk, total,
-                part, dof, **consts,
-            )
-        else:
-            _var_mean_mid_kernel[lambda meta: (m * triton.cdiv(k, meta["BLOCK_K"]), parts)](
-                src, q_arg, mean_out, var_out, m, n, k, lay.stride_m, lay.stride_n, chunk,
-                total, part, dof, **consts,
-            )
+    q_arg = lay.src if q_in is None else q_in
+    launch(
+        _var_mean_rows_kernel,
+        _var_mean_mid_kernel,
+        lay,
+        (q_arg, mean_out, var_out),
+        (chunk, total, part, dof),
+        consts,
+        parts,
+    )
 
 
 def var_mean(
-    x: Tensor, dim: int | Sequence[int] | None = None, *, correction: float | None = None,
+    x: Tensor,
+    dim: int | Sequence[int] | None = None,
+    *,
+    correction: float | None = None,
     keepdim: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Variance and mean over ``dim`` (all dims when None or empty), like ``torch.var_mean``.
@@ -227,16 +227,23 @@ def var_mean(
     if parts == 1:
         _launch(lay, None, mean, var, 1, lay.N, total, 1, dof, acc, True)
         return var, mean
-    p_mean = torch.empty((lay.M, parts, lay.K), dtype=acc, device=x.device)
-    p_m2 = torch.empty((lay.M, parts, lay.K), dtype=acc, device=x.device)
+    p_mean = part_buffer(lay, parts, acc)
+    p_m2 = part_buffer(lay, parts, acc)
     _launch(lay, None, p_mean, p_m2, parts, chunk, total, 1, 1, acc, False)
-    second = Layout(p_mean, lay.M, parts, lay.K, parts * lay.K, lay.K)
-    _launch(second, p_m2, mean, var, 1, parts, total, chunk, dof, acc, True)
+    _launch(part_layout(lay, p_mean), p_m2, mean, var, 1, parts, total, chunk, dof, acc, True)
     return var, mean
 
 
-def _var_mean_out(self: Tensor, dim: Sequence[int] | None, correction: float | None,
-                  keepdim: bool, out0: Tensor, out1: Tensor) -> tuple[Tensor, Tensor]:
+def _var_mean_out(
+    self: Tensor,
+    dim: Sequence[int] | None = None,
+    *,
+    correction: float | None = None,
+    keepdim: bool = False,
+    out0: Tensor,
+    out1: Tensor,
+) -> tuple[Tensor, Tensor]:
+    # Takes aten's var_mean.correction_out arguments as they are (see IMPLS).
     check_input(self)
     var, mean = var_mean(self, dim, correction=correction, keepdim=keepdim)
     return write_out(out0, var, self, out1), write_out(out1, mean, self, out0)
@@ -244,8 +251,8 @@ def _var_mean_out(self: Tensor, dim: Sequence[int] | None, correction: float | N
 
 IMPLS: dict[str, Callable[..., Any]] = {
     "var_mean.correction": lambda self, dim=None, *, correction=None, keepdim=False: var_mean(
-        self, dim, correction=correction, keepdim=keepdim),
-    "var_mean.correction_out": lambda self, dim=None, *, correction=None, keepdim=False, out0,
-    out1: _var_mean_out(self, dim, correction, keepdim, out0, out1),
+        self, dim, correction=correction, keepdim=keepdim
+    ),
+    "var_mean.correction_out": _var_mean_out,
 }
 """aten overloads served by this module (merged into gemsops.ops.reduce.IMPLS)."""

@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
 from gemshal.autotune import autotune
 from gemsops.ops.reduce_layout import (
     Layout,
@@ -27,12 +26,15 @@ from gemsops.ops.reduce_layout import (
     kernel_view,
     max_identity,
     min_identity,
+    part_buffer,
+    part_layout,
     plan,
     reduced_shape,
     split,
     tl_dtype,
     view,
 )
+from gemsops.ops.reduce_tiles import chunk_tile, launch, mid_block, row_block, split_bounds
 
 __all__ = ["MAX", "MIN", "PROD", "SUM", "reduce"]
 
@@ -96,21 +98,15 @@ def _reduce_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    part = tl.program_id(1)
-    parts = tl.num_programs(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
+    rows, row_ok = row_block(M, BLOCK_M)
+    part, parts, lo, hi = split_bounds(CHUNK, N)
     row_ptr = X + rows.to(tl.int64)[:, None] * stride_m
-    lo = part * CHUNK
-    hi = tl.minimum(lo + CHUNK, N)
     cols = tl.arange(0, BLOCK_N)
     acc = tl.full((BLOCK_M, BLOCK_N), INIT, ACC)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
     for start in range(lo, hi, BLOCK_N):
         # Lanes past the row's end (or this split's) read INIT, which leaves acc as is.
-        mask = row_ok[:, None] & ((start + cols) < hi)[None, :]
-        ptr = row_ptr + start * step_n + cols[None, :] * stride_n
+        _, _, mask, ptr = chunk_tile(start, cols, hi, row_ptr, row_ok, step_n, stride_n, 1)
         x = tl.load(ptr, mask=mask, other=INIT)
         acc = _fold(acc, x.to(ACC), OP)
     res = _fold_axis(acc, 1, OP, INIT)
@@ -138,50 +134,40 @@ def _reduce_mid_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    part = tl.program_id(1)
-    parts = tl.num_programs(1)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    m = pid // k_blocks
-    ks = (pid % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
-    k_ok = ks < K
-    base = X + m.to(tl.int64) * stride_m + ks[None, :]
-    lo = part * CHUNK
-    hi = tl.minimum(lo + CHUNK, N)
+    m, ks, k_ok = mid_block(K, BLOCK_K)
+    part, parts, lo, hi = split_bounds(CHUNK, N)
+    base = X + m * stride_m + ks[None, :]
     ns = tl.arange(0, BLOCK_N)
     acc = tl.full((BLOCK_N, BLOCK_K), INIT, ACC)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
     for start in range(lo, hi, BLOCK_N):
-        mask = ((start + ns) < hi)[:, None] & k_ok[None, :]
-        ptr = base + start * step_n + ns[:, None] * stride_n
+        _, _, mask, ptr = chunk_tile(start, ns, hi, base, k_ok, step_n, stride_n, 0)
         x = tl.load(ptr, mask=mask, other=INIT)
         acc = _fold(acc, x.to(ACC), OP)
     res = _fold_axis(acc, 0, OP, INIT)
     if MEAN:
         res = res / tl.cast(DIVISOR, ACC)
-    tl.store(OUT + (m.to(tl.int64) * parts + part) * K + ks, res, mask=k_ok)
+    tl.store(OUT + (m * parts + part) * K + ks, res, mask=k_ok)
 
 
-def _launch(lay: Layout, out: Tensor, parts: int, chunk: int, op: int, acc: torch.dtype,
-            init: float | int, count: int | None) -> None:
+def _launch(
+    lay: Layout,
+    out: Tensor,
+    parts: int,
+    chunk: int,
+    op: int,
+    acc: torch.dtype,
+    init: float | int,
+    count: int | None,
+) -> None:
     """Run one pass over ``lay`` writing ``parts`` values per output into ``out``.
 
     With a ``count`` the results are divided by it (a mean; 0 gives nan like torch).
     """
     mean = count is not None
     divisor = count or 0
-    src, m, n, k = lay.src, lay.M, lay.N, lay.K
-    args = (m, n) if k == 1 else (m, n, k)
     consts = {"OP": op, "ACC": tl_dtype(acc), "INIT": init, "MEAN": mean}
-    with gemshal.device_guard(src.device):
-        if k == 1:
-            _reduce_rows_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), parts)](
-                src, out, *args, lay.stride_m, lay.stride_n, chunk, divisor, **consts
-            )
-        else:
-            _reduce_mid_kernel[lambda meta: (m * triton.cdiv(k, meta["BLOCK_K"]), parts)](
-                src, out, *args, lay.stride_m, lay.stride_n, chunk, divisor, **consts
-            )
+    launch(_reduce_rows_kernel, _reduce_mid_kernel, lay, (out,), (chunk, divisor), consts, parts)
 
 
 def _runs(dims: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -207,9 +193,16 @@ class _Recipe(NamedTuple):
 
 
 @functools.lru_cache(maxsize=4096)
-def _recipe(shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype,
-            dims: tuple[int, ...], keepdim: bool, op: int,
-            out_dtype: torch.dtype, converted: bool) -> _Recipe:
+def _recipe(
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: torch.dtype,
+    dims: tuple[int, ...],
+    keepdim: bool,
+    op: int,
+    out_dtype: torch.dtype,
+    converted: bool,
+) -> _Recipe:
     # Pure in its arguments, so the per-call host work is a lookup: deciding these
     # each time was most of a small reduction's host cost.
     convert = False
@@ -228,12 +221,26 @@ def _recipe(shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype
         convert = not exact and (dtype.is_floating_point or out_dtype.is_floating_point)
     if dtype.is_floating_point:
         init = float(init)  # an int `other` reaches bfloat16 loads as raw bits
-    return _Recipe(reduced_shape(shape, dims, keepdim), acc, init, convert,
-                   view(shape, strides, dims), tuple(_runs(dims)))
+    return _Recipe(
+        reduced_shape(shape, dims, keepdim),
+        acc,
+        init,
+        convert,
+        view(shape, strides, dims),
+        tuple(_runs(dims)),
+    )
 
 
-def reduce(x: Tensor, dims: tuple[int, ...], keepdim: bool, op: int, out_dtype: torch.dtype,
-            *, count: int | None = None, converted: bool = False) -> Tensor:
+def reduce(
+    x: Tensor,
+    dims: tuple[int, ...],
+    keepdim: bool,
+    op: int,
+    out_dtype: torch.dtype,
+    *,
+    count: int | None = None,
+    converted: bool = False,
+) -> Tensor:
     """Reduce ``dims`` of ``x`` (already checked) with ``op`` into a new ``out_dtype`` tensor.
 
     Args:
@@ -255,8 +262,7 @@ def reduce(x: Tensor, dims: tuple[int, ...], keepdim: bool, op: int, out_dtype: 
         # dtype, then the rest. Both passes read views; a permuted copy would move
         # the whole input once more.
         last = r.runs[-1]
-        inner = reduce(x, last, True, op, x.dtype if op in (MAX, MIN) else r.acc,
-                        converted=True)
+        inner = reduce(x, last, True, op, x.dtype if op in (MAX, MIN) else r.acc, converted=True)
         rest = tuple(d for d in dims if d not in last)
         done = reduce(inner, rest, True, op, out_dtype, count=count, converted=True)
         return done.view(out.shape)
@@ -268,8 +274,7 @@ def reduce(x: Tensor, dims: tuple[int, ...], keepdim: bool, op: int, out_dtype: 
     if parts == 1:
         _launch(lay, out_view, 1, lay.N, op, r.acc, r.init, count)
         return out
-    partial = torch.empty((lay.M, parts, lay.K), dtype=r.acc, device=x.device)
+    partial = part_buffer(lay, parts, r.acc)
     _launch(lay, partial, parts, chunk, op, r.acc, r.init, None)
-    second = Layout(partial, lay.M, parts, lay.K, parts * lay.K, lay.K)
-    _launch(second, out_view, 1, parts, op, r.acc, r.init, count)
+    _launch(part_layout(lay, partial), out_view, 1, parts, op, r.acc, r.init, count)
     return out

@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
 from gemshal.autotune import autotune
 from gemsops.errors import Unsupported
 from gemsops.ops.reduce_layout import (
@@ -26,11 +25,14 @@ from gemsops.ops.reduce_layout import (
     check_input,
     kernel_view,
     line_layout,
+    part_buffer,
+    part_layout,
     split,
     tl_dtype,
     wrap_dim,
     write_out,
 )
+from gemsops.ops.reduce_tiles import chunk_tile, launch, mid_block, row_block, split_bounds
 
 __all__ = ["IMPLS", "cumsum"]
 
@@ -52,14 +54,9 @@ def _cumsum_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    part = tl.program_id(1)
-    parts = tl.num_programs(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
+    rows, row_ok = row_block(M, BLOCK_M)
+    part, parts, lo, hi = split_bounds(CHUNK, N)
     rows64 = rows.to(tl.int64)
-    lo = part * CHUNK
-    hi = tl.minimum(lo + CHUNK, N)
     cols = tl.arange(0, BLOCK_N)
     carry = tl.zeros((BLOCK_M,), ACC)
     if HAS_CARRY:
@@ -68,11 +65,10 @@ def _cumsum_rows_kernel(
         carry = tl.where(part > 0, prev.to(ACC), carry)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
     total = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+    row_ptr = X + rows64[:, None] * stride_m
     for start in range(lo, hi, BLOCK_N):
-        n = start + cols
-        mask = row_ok[:, None] & (n < hi)[None, :]
-        ptr = X + rows64[:, None] * stride_m + start * step_n
-        x = tl.load(ptr + cols[None, :] * stride_n, mask=mask, other=0).to(ACC)
+        n, _, mask, ptr = chunk_tile(start, cols, hi, row_ptr, row_ok, step_n, stride_n, 1)
+        x = tl.load(ptr, mask=mask, other=0).to(ACC)
         if TOTALS_ONLY:
             total += x
         else:
@@ -104,15 +100,8 @@ def _cumsum_mid_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    part = tl.program_id(1)
-    parts = tl.num_programs(1)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    m = (pid // k_blocks).to(tl.int64)
-    ks = (pid % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
-    k_ok = ks < K
-    lo = part * CHUNK
-    hi = tl.minimum(lo + CHUNK, N)
+    m, ks, k_ok = mid_block(K, BLOCK_K)
+    part, parts, lo, hi = split_bounds(CHUNK, N)
     ns = tl.arange(0, BLOCK_N)
     carry = tl.zeros((BLOCK_K,), ACC)
     if HAS_CARRY:
@@ -120,11 +109,10 @@ def _cumsum_mid_kernel(
         carry = tl.where(part > 0, prev.to(ACC), carry)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
     total = tl.zeros((BLOCK_N, BLOCK_K), ACC)
+    base = X + m * stride_m + ks[None, :]
     for start in range(lo, hi, BLOCK_N):
-        n = start + ns
-        mask = (n < hi)[:, None] & k_ok[None, :]
-        ptr = X + m * stride_m + start * step_n + ks[None, :]
-        x = tl.load(ptr + ns[:, None] * stride_n, mask=mask, other=0).to(ACC)
+        n, _, mask, ptr = chunk_tile(start, ns, hi, base, k_ok, step_n, stride_n, 0)
+        x = tl.load(ptr, mask=mask, other=0).to(ACC)
         if TOTALS_ONLY:
             total += x
         else:
@@ -136,20 +124,18 @@ def _cumsum_mid_kernel(
         tl.store(OUT + (m * parts + part) * K + ks, tl.sum(total, 0), mask=k_ok)
 
 
-def _launch(lay: Layout, out: Tensor, carry: Tensor | None, parts: int, chunk: int,
-            acc: torch.dtype, totals_only: bool) -> None:
-    src, m, n, k = lay.src, lay.M, lay.N, lay.K
+def _launch(
+    lay: Layout,
+    out: Tensor,
+    carry: Tensor | None,
+    parts: int,
+    chunk: int,
+    acc: torch.dtype,
+    totals_only: bool,
+) -> None:
     consts = {"ACC": tl_dtype(acc), "HAS_CARRY": carry is not None, "TOTALS_ONLY": totals_only}
     carry_arg = out if carry is None else carry
-    with gemshal.device_guard(src.device):
-        if k == 1:
-            _cumsum_rows_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), parts)](
-                src, out, carry_arg, m, n, lay.stride_m, lay.stride_n, chunk, **consts
-            )
-        else:
-            _cumsum_mid_kernel[lambda meta: (m * triton.cdiv(k, meta["BLOCK_K"]), parts)](
-                src, out, carry_arg, m, n, k, lay.stride_m, lay.stride_n, chunk, **consts
-            )
+    launch(_cumsum_rows_kernel, _cumsum_mid_kernel, lay, (out, carry_arg), (chunk,), consts, parts)
 
 
 def cumsum(x: Tensor, dim: int, *, dtype: torch.dtype | None = None) -> Tensor:
@@ -164,8 +150,9 @@ def cumsum(x: Tensor, dim: int, *, dtype: torch.dtype | None = None) -> Tensor:
     """
     check_input(x)
     d = wrap_dim(dim, x.dim())
-    out_dtype = dtype if dtype is not None else (
-        x.dtype if x.dtype.is_floating_point else torch.int64)
+    out_dtype = (
+        dtype if dtype is not None else (x.dtype if x.dtype.is_floating_point else torch.int64)
+    )
     check_dtype(out_dtype)
     out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     if out.numel() == 0:
@@ -179,11 +166,10 @@ def cumsum(x: Tensor, dim: int, *, dtype: torch.dtype | None = None) -> Tensor:
     if parts == 1:
         _launch(lay, out, None, 1, lay.N, acc, False)
         return out
-    totals = torch.empty((lay.M, parts, lay.K), dtype=acc, device=x.device)
+    totals = part_buffer(lay, parts, acc)
     _launch(lay, totals, None, parts, chunk, acc, True)
     prefix = torch.empty_like(totals)
-    _launch(Layout(totals, lay.M, parts, lay.K, parts * lay.K, lay.K), prefix, None, 1, parts,
-            acc, False)
+    _launch(part_layout(lay, totals), prefix, None, 1, parts, acc, False)
     _launch(lay, out, prefix, parts, chunk, acc, False)
     return out
 
@@ -202,7 +188,8 @@ def _cumsum_inplace(self: Tensor, dim: int, dtype: torch.dtype | None) -> Tensor
 IMPLS: dict[str, Callable[..., Any]] = {
     "cumsum.default": lambda self, dim, *, dtype=None: cumsum(self, dim, dtype=dtype),
     "cumsum.out": lambda self, dim, *, dtype=None, out: write_out(
-        out, cumsum(self, dim, dtype=dtype), self),
+        out, cumsum(self, dim, dtype=dtype), self
+    ),
     "cumsum_.default": lambda self, dim, *, dtype=None: _cumsum_inplace(self, dim, dtype),
 }
 """aten overloads served by this module (merged into gemsops.ops.reduce.IMPLS)."""

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
 from gemshal.autotune import autotune, heuristics
 from gemsops.errors import Unsupported
 from gemsops.ops.reduce_layout import (
@@ -28,6 +27,7 @@ from gemsops.ops.reduce_layout import (
     wrap_dim,
     write_out,
 )
+from gemsops.ops.reduce_tiles import launch, mid_block, row_block
 
 __all__ = ["IMPLS", "log_softmax", "log_softmax_backward", "softmax", "softmax_backward"]
 
@@ -70,8 +70,7 @@ def _softmax_rows_kernel(
     BLOCK_N: tl.constexpr,  # set by _block_n
     ONE_TILE: tl.constexpr,  # set by _one_tile
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
+    rows, row_ok = row_block(M, BLOCK_M)
     rows64 = rows.to(tl.int64)
     x_row = X + rows64[:, None] * stride_m
     o_row = OUT + rows64[:, None] * N
@@ -120,11 +119,7 @@ def _softmax_mid_kernel(
     BLOCK_N: tl.constexpr,
     ONE_TILE: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    m = (pid // k_blocks).to(tl.int64)
-    ks = (pid % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
-    k_ok = ks < K
+    m, ks, k_ok = mid_block(K, BLOCK_K)
     x_base = X + m * stride_m + ks[None, :]
     o_base = OUT + m * N * K + ks[None, :]
     ns = tl.arange(0, BLOCK_N)
@@ -174,8 +169,7 @@ def _softmax_backward_rows_kernel(
     BLOCK_N: tl.constexpr,
     ONE_TILE: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
+    rows, row_ok = row_block(M, BLOCK_M)
     rows64 = rows.to(tl.int64)
     g_row = G + rows64[:, None] * stride_gm
     y_row = Y + rows64[:, None] * stride_ym
@@ -228,11 +222,7 @@ def _softmax_backward_mid_kernel(
     BLOCK_N: tl.constexpr,
     ONE_TILE: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    m = (pid // k_blocks).to(tl.int64)
-    ks = (pid % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
-    k_ok = ks < K
+    m, ks, k_ok = mid_block(K, BLOCK_K)
     g_base = G + m * stride_gm + ks[None, :]
     y_base = Y + m * stride_ym + ks[None, :]
     o_base = OUT + m * N * K + ks[None, :]
@@ -279,16 +269,14 @@ def _forward(x: Tensor, dim: int, half_to_float: bool, log: bool) -> Tensor:
     if out.numel() == 0:
         return out
     lay = line_layout(x, d)
-    src, m, n, k = lay.src, lay.M, lay.N, lay.K
-    with gemshal.device_guard(x.device):
-        if k == 1:
-            _softmax_rows_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)](
-                src, out, m, n, lay.stride_m, lay.stride_n, LOG=log, ACC=_acc(x.dtype)
-            )
-        else:
-            _softmax_mid_kernel[lambda meta: (m * triton.cdiv(k, meta["BLOCK_K"]),)](
-                src, out, m, n, k, lay.stride_m, lay.stride_n, LOG=log, ACC=_acc(x.dtype)
-            )
+    launch(
+        _softmax_rows_kernel,
+        _softmax_mid_kernel,
+        lay,
+        (out,),
+        (),
+        {"LOG": log, "ACC": _acc(x.dtype)},
+    )
     return out
 
 
@@ -298,25 +286,23 @@ def _backward(grad: Tensor, y: Tensor, dim: int, input_dtype: torch.dtype, log: 
     if grad.dtype != y.dtype or grad.shape != y.shape or grad.device != y.device:
         raise Unsupported("grad_output and output differ in dtype, shape or device")
     # input_dtype differs from the gradient's only after a half_to_float forward.
-    if input_dtype != grad.dtype and not (grad.dtype == torch.float32
-                                          and input_dtype == torch.float16):
+    if input_dtype != grad.dtype and not (
+        grad.dtype == torch.float32 and input_dtype == torch.float16
+    ):
         raise Unsupported(f"input_dtype {input_dtype} with {grad.dtype} gradients")
     d = wrap_dim(dim, grad.dim())
     out = torch.empty(grad.shape, dtype=input_dtype, device=grad.device)
     if out.numel() == 0:
         return out
     gl, yl = line_layout(grad, d), line_layout(y, d)
-    m, n, k = gl.M, gl.N, gl.K
-    args = (gl.stride_m, gl.stride_n, yl.stride_m, yl.stride_n)
-    with gemshal.device_guard(grad.device):
-        if k == 1:
-            _softmax_backward_rows_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)](
-                gl.src, yl.src, out, m, n, *args, LOG=log, ACC=_acc(grad.dtype)
-            )
-        else:
-            _softmax_backward_mid_kernel[lambda meta: (m * triton.cdiv(k, meta["BLOCK_K"]),)](
-                gl.src, yl.src, out, m, n, k, *args, LOG=log, ACC=_acc(grad.dtype)
-            )
+    launch(
+        _softmax_backward_rows_kernel,
+        _softmax_backward_mid_kernel,
+        gl,
+        (yl.src, out),
+        (yl.stride_m, yl.stride_n),
+        {"LOG": log, "ACC": _acc(grad.dtype)},
+    )
     return out
 
 
@@ -343,14 +329,16 @@ def log_softmax(x: Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> T
     return _forward(_with_dtype(x, dtype), dim, False, True)
 
 
-def softmax_backward(grad_output: Tensor, output: Tensor, dim: int,
-                     input_dtype: torch.dtype) -> Tensor:
+def softmax_backward(
+    grad_output: Tensor, output: Tensor, dim: int, input_dtype: torch.dtype
+) -> Tensor:
     """Gradient of softmax from its output: ``y * (g - sum(g * y))`` along ``dim``."""
     return _backward(grad_output, output, dim, input_dtype, False)
 
 
-def log_softmax_backward(grad_output: Tensor, output: Tensor, dim: int,
-                         input_dtype: torch.dtype) -> Tensor:
+def log_softmax_backward(
+    grad_output: Tensor, output: Tensor, dim: int, input_dtype: torch.dtype
+) -> Tensor:
     """Gradient of log_softmax from its output: ``g - exp(y) * sum(g)`` along ``dim``."""
     return _backward(grad_output, output, dim, input_dtype, True)
 
@@ -362,22 +350,30 @@ def _out(out: Tensor, compute: Callable[[], Tensor], *inputs: Tensor) -> Tensor:
 
 
 IMPLS: dict[str, Callable[..., Any]] = {
-    "_softmax.default": lambda self, dim, half_to_float: _forward(
-        self, dim, half_to_float, False),
+    "_softmax.default": lambda self, dim, half_to_float: _forward(self, dim, half_to_float, False),
     "_softmax.out": lambda self, dim, half_to_float, *, out: _out(
-        out, lambda: _forward(self, dim, half_to_float, False), self),
+        out, lambda: _forward(self, dim, half_to_float, False), self
+    ),
     "_log_softmax.default": lambda self, dim, half_to_float: _forward(
-        self, dim, half_to_float, True),
+        self, dim, half_to_float, True
+    ),
     "_log_softmax.out": lambda self, dim, half_to_float, *, out: _out(
-        out, lambda: _forward(self, dim, half_to_float, True), self),
+        out, lambda: _forward(self, dim, half_to_float, True), self
+    ),
     "_softmax_backward_data.default": lambda grad_output, output, dim, input_dtype: _backward(
-        grad_output, output, dim, input_dtype, False),
-    "_softmax_backward_data.out": lambda grad_output, output, dim, input_dtype, *,
-    grad_input: _out(grad_input, lambda: _backward(grad_output, output, dim, input_dtype, False),
-                     grad_output, output),
-    "_log_softmax_backward_data.default": lambda grad_output, output, dim, input_dtype: (
-        _backward(grad_output, output, dim, input_dtype, True)),
+        grad_output, output, dim, input_dtype, False
+    ),
+    "_softmax_backward_data.out": lambda grad_output, output, dim, input_dtype, *, grad_input: _out(
+        grad_input,
+        lambda: _backward(grad_output, output, dim, input_dtype, False),
+        grad_output,
+        output,
+    ),
+    "_log_softmax_backward_data.default": lambda grad_output, output, dim, input_dtype: _backward(
+        grad_output, output, dim, input_dtype, True
+    ),
     "_log_softmax_backward_data.out": lambda grad_output, output, dim, input_dtype, *, out: _out(
-        out, lambda: _backward(grad_output, output, dim, input_dtype, True), grad_output, output),
+        out, lambda: _backward(grad_output, output, dim, input_dtype, True), grad_output, output
+    ),
 }
 """aten overloads served by this module."""
