@@ -29,7 +29,7 @@ Number = bool | int | float
 def fill_(self: Tensor, value: Tensor | Number) -> Tensor:
     """Set every element of ``self`` to ``value`` (a number or a 0-dim tensor); returns self."""
     if isinstance(value, Tensor) and value.dim() != 0:
-        raise Unsupported(f"fill_ takes a 0-dim value tensor, got {value.dim()} dims")  # torch raises
+        raise Unsupported(f"fill_ takes a 0-dim value, got {value.dim()} dims")  # torch raises
     return run(FILL, (value,), out=self, inplace=True)
 
 

@@ -43,7 +43,7 @@ from gemsops.ops.pointwise_activation import tanh_backward as tanh_backward
 from gemsops.ops.pointwise_activation import threshold as threshold
 from gemsops.ops.pointwise_activation import threshold_ as threshold_
 from gemsops.ops.pointwise_activation import threshold_backward as threshold_backward
-from gemsops.ops.pointwise_arith import abs as abs  # noqa: A004
+from gemsops.ops.pointwise_arith import abs as abs
 from gemsops.ops.pointwise_arith import abs_ as abs_
 from gemsops.ops.pointwise_arith import add as add
 from gemsops.ops.pointwise_arith import add_ as add_
@@ -81,7 +81,7 @@ from gemsops.ops.pointwise_arith import ne as ne
 from gemsops.ops.pointwise_arith import ne_ as ne_
 from gemsops.ops.pointwise_arith import neg as neg
 from gemsops.ops.pointwise_arith import neg_ as neg_
-from gemsops.ops.pointwise_arith import pow as pow  # noqa: A004
+from gemsops.ops.pointwise_arith import pow as pow
 from gemsops.ops.pointwise_arith import pow_ as pow_
 from gemsops.ops.pointwise_arith import rsub as rsub
 from gemsops.ops.pointwise_arith import sign as sign

@@ -12,13 +12,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
 from gemsops.errors import Unsupported
 from gemsops.ops import pointwise_math as M
-from gemsops.ops.pointwise_iterator import ALL_DTYPES, FLOAT_DTYPES, run
-from gemsops.ops.pointwise_iterator import PointwiseOp as Op
-from gemsops.ops.pointwise_iterator import Promotion as P
+from gemsops.ops.pointwise_iterator import run
+from gemsops.ops.pointwise_types import ALL_DTYPES, FLOAT_DTYPES
+from gemsops.ops.pointwise_types import PointwiseOp as Op
+from gemsops.ops.pointwise_types import Promotion as P
 
 __all__ = [
     "UNARY", "cos", "cos_", "exp", "exp_", "gelu", "gelu_", "gelu_backward", "log", "log_",
@@ -31,24 +34,102 @@ __all__ = [
 Number = bool | int | float
 _NO_BOOL = ALL_DTYPES - {torch.bool}
 
-_FLOAT_RESULTS = ("exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid")
+# --- element functions (the shared math ones are in pointwise_math) -------------------
+
+
+@triton.jit
+def _sigmoid(a):
+    return 1.0 / (1.0 + tl.exp(-a))
+
+
+@triton.jit
+def _relu(a):
+    # a < 0 is false for nan, so nan passes through as in torch.
+    return tl.where(a < 0, 0, a)
+
+
+@triton.jit
+def _gelu(a):
+    return a * 0.5 * (1.0 + tl.math.erf(a * 0.7071067811865476))
+
+
+@triton.jit
+def _gelu_tanh(a):
+    inner = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+    return 0.5 * a * (1.0 + M.tanh(inner))
+
+
+@triton.jit
+def _silu(a):
+    return a / (1.0 + tl.exp(-a))
+
+
+@triton.jit
+def _threshold(a, th, value):
+    return tl.where(a <= th, value, a)
+
+
+@triton.jit
+def _sigmoid_backward(g, y):
+    return g * (1.0 - y) * y
+
+
+@triton.jit
+def _tanh_backward(g, y):
+    return g * (1.0 - y * y)
+
+
+@triton.jit
+def _silu_backward(g, x):
+    s = 1.0 / (1.0 + tl.exp(-x))
+    return g * s * (1.0 + x * (1.0 - s))
+
+
+@triton.jit
+def _gelu_backward(g, x):
+    cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    pdf = tl.exp(-0.5 * x * x) * 0.3989422804014327  # 1 / sqrt(2 pi)
+    return g * (cdf + x * pdf)
+
+
+@triton.jit
+def _gelu_tanh_backward(g, x):
+    x_sq = x * x
+    inner = 0.7978845608028654 * (x + 0.044715 * x_sq * x)
+    t = M.tanh(inner)
+    left = 0.5 * x
+    right = 1.0 + t
+    d_inner = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x_sq)
+    return g * (0.5 * right + left * (1.0 - t * t) * d_inner)
+
+
+@triton.jit
+def _threshold_backward(g, x, th):
+    return tl.where(x <= th, 0, g)
+
+
+
+# --- ops ------------------------------------------------------------------------------
+
+_FLOAT_RESULTS = ("exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh")
 UNARY = {name: Op(name, getattr(M, name), "p", P.INT_TO_FLOAT) for name in _FLOAT_RESULTS}
-UNARY["relu"] = Op("relu", M.relu, "p", dtypes=_NO_BOOL)
-UNARY["silu"] = Op("silu", M.silu, "p", dtypes=FLOAT_DTYPES)
+UNARY["sigmoid"] = Op("sigmoid", _sigmoid, "p", P.INT_TO_FLOAT)
+UNARY["relu"] = Op("relu", _relu, "p", dtypes=_NO_BOOL)
+UNARY["silu"] = Op("silu", _silu, "p", dtypes=FLOAT_DTYPES)
 GELU = {
-    "none": Op("gelu", M.gelu, "p", dtypes=FLOAT_DTYPES),
-    "tanh": Op("gelu", M.gelu_tanh, "p", dtypes=FLOAT_DTYPES),
+    "none": Op("gelu", _gelu, "p", dtypes=FLOAT_DTYPES),
+    "tanh": Op("gelu", _gelu_tanh, "p", dtypes=FLOAT_DTYPES),
 }
 # torch converts threshold's scalars with a range check; threshold_backward's without.
-THRESHOLD = Op("threshold", M.threshold, "pvv", P.FIRST, _NO_BOOL, scalars="checked")
-SIGMOID_BACKWARD = Op("sigmoid_backward", M.sigmoid_backward, "pp", dtypes=FLOAT_DTYPES)
-TANH_BACKWARD = Op("tanh_backward", M.tanh_backward, "pp", dtypes=FLOAT_DTYPES)
-SILU_BACKWARD = Op("silu_backward", M.silu_backward, "pp", dtypes=FLOAT_DTYPES)
+THRESHOLD = Op("threshold", _threshold, "pvv", P.FIRST, _NO_BOOL, scalars="checked")
+SIGMOID_BACKWARD = Op("sigmoid_backward", _sigmoid_backward, "pp", dtypes=FLOAT_DTYPES)
+TANH_BACKWARD = Op("tanh_backward", _tanh_backward, "pp", dtypes=FLOAT_DTYPES)
+SILU_BACKWARD = Op("silu_backward", _silu_backward, "pp", dtypes=FLOAT_DTYPES)
 GELU_BACKWARD = {
-    "none": Op("gelu_backward", M.gelu_backward, "pp", dtypes=FLOAT_DTYPES),
-    "tanh": Op("gelu_backward", M.gelu_tanh_backward, "pp", dtypes=FLOAT_DTYPES),
+    "none": Op("gelu_backward", _gelu_backward, "pp", dtypes=FLOAT_DTYPES),
+    "tanh": Op("gelu_backward", _gelu_tanh_backward, "pp", dtypes=FLOAT_DTYPES),
 }
-THRESHOLD_BACKWARD = Op("threshold_backward", M.threshold_backward, "ppv", dtypes=_NO_BOOL)
+THRESHOLD_BACKWARD = Op("threshold_backward", _threshold_backward, "ppv", dtypes=_NO_BOOL)
 
 
 def _unary(name: str, doc: str) -> tuple[Callable[..., Tensor], Callable[..., Tensor]]:

@@ -17,17 +17,16 @@ from torch import Tensor
 
 from gemsops.errors import Unsupported
 from gemsops.ops import pointwise_math as M
-from gemsops.ops.pointwise_iterator import (
+from gemsops.ops.pointwise_iterator import broadcast_shape, run
+from gemsops.ops.pointwise_types import (
     ALL_DTYPES,
     FLOAT_DTYPES,
-    broadcast_shape,
     has_fp64,
     overflows,
     result_type,
-    run,
 )
-from gemsops.ops.pointwise_iterator import PointwiseOp as Op
-from gemsops.ops.pointwise_iterator import Promotion as P
+from gemsops.ops.pointwise_types import PointwiseOp as Op
+from gemsops.ops.pointwise_types import Promotion as P
 
 __all__ = [
     "abs", "abs_", "add", "add_", "clamp", "clamp_", "clamp_max", "clamp_max_", "clamp_min",
@@ -222,7 +221,7 @@ def _pow(self: Value, exponent: Value, out: Tensor | None, inplace: bool = False
     return run(op, (self, exponent), out=out, inplace=inplace)
 
 
-def pow(self: Value, exponent: Value, *, out: Tensor | None = None) -> Tensor:  # noqa: A001
+def pow(self: Value, exponent: Value, *, out: Tensor | None = None) -> Tensor:
     """``self ** exponent`` for tensor or Python-number base and exponent (not both numbers)."""
     return _pow(self, exponent, out)
 
@@ -262,7 +261,7 @@ def _binary(op: Op, doc: str) -> tuple[Callable[..., Tensor], Callable[..., Tens
 
 
 neg, neg_ = _unary(NEG, "``-self``.")
-abs, abs_ = _unary(ABS, "``|self|`` (``abs(-0.0)`` is ``0.0``).")  # noqa: A001
+abs, abs_ = _unary(ABS, "``|self|`` (``abs(-0.0)`` is ``0.0``).")
 sign, sign_ = _unary(SIGN, "-1, 0 or 1 by the sign of ``self`` (0 for nan); ``sgn`` for reals.")
 eq, eq_ = _binary(COMPARE["eq"], "``self == other`` as a bool tensor.")
 ne, ne_ = _binary(COMPARE["ne"], "``self != other`` as a bool tensor (true for nan).")
@@ -291,33 +290,33 @@ def _clamp(self: Tensor, lo: Value | None, hi: Value | None, out: Tensor | None,
     return run(CLAMP, (self, lo, hi), out=out, inplace=inplace)
 
 
-def clamp(self: Tensor, min: Value | None = None, max: Value | None = None, *,  # noqa: A002
+def clamp(self: Tensor, min: Value | None = None, max: Value | None = None, *,
           out: Tensor | None = None) -> Tensor:
     """``min(max(self, min), max)``, nan propagating; scalar or tensor bounds."""
     return _clamp(self, min, max, out)
 
 
-def clamp_(self: Tensor, min: Value | None = None, max: Value | None = None) -> Tensor:  # noqa: A002
+def clamp_(self: Tensor, min: Value | None = None, max: Value | None = None) -> Tensor:
     """In-place :func:`clamp`."""
     return _clamp(self, min, max, self, True)
 
 
-def clamp_min(self: Tensor, min: Value, *, out: Tensor | None = None) -> Tensor:  # noqa: A002
+def clamp_min(self: Tensor, min: Value, *, out: Tensor | None = None) -> Tensor:
     """``max(self, min)``."""
     return _clamp(self, min, None, out)
 
 
-def clamp_min_(self: Tensor, min: Value) -> Tensor:  # noqa: A002
+def clamp_min_(self: Tensor, min: Value) -> Tensor:
     """In-place :func:`clamp_min`."""
     return _clamp(self, min, None, self, True)
 
 
-def clamp_max(self: Tensor, max: Value, *, out: Tensor | None = None) -> Tensor:  # noqa: A002
+def clamp_max(self: Tensor, max: Value, *, out: Tensor | None = None) -> Tensor:
     """``min(self, max)``."""
     return _clamp(self, None, max, out)
 
 
-def clamp_max_(self: Tensor, max: Value) -> Tensor:  # noqa: A002
+def clamp_max_(self: Tensor, max: Value) -> Tensor:
     """In-place :func:`clamp_max`."""
     return _clamp(self, None, max, self, True)
 

@@ -110,40 +110,40 @@ def _pow_out(self: Any, exponent: Any, *, out: Tensor) -> Tensor:
     return ar.pow(self, exponent, out=out)
 
 
-def _clamp(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+def _clamp(self: Tensor, min: Any = None, max: Any = None) -> Tensor:
     return ar.clamp(self, min, max)
 
 
-def _clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+def _clamp_(self: Tensor, min: Any = None, max: Any = None) -> Tensor:
     return ar.clamp_(self, min, max)
 
 
-def _clamp_out(self: Tensor, min: Any = None, max: Any = None, *,  # noqa: A002
+def _clamp_out(self: Tensor, min: Any = None, max: Any = None, *,
                out: Tensor) -> Tensor:
     return ar.clamp(self, min, max, out=out)
 
 
-def _clamp_min(self: Tensor, min: Any) -> Tensor:  # noqa: A002
+def _clamp_min(self: Tensor, min: Any) -> Tensor:
     return ar.clamp_min(self, min)
 
 
-def _clamp_min_(self: Tensor, min: Any) -> Tensor:  # noqa: A002
+def _clamp_min_(self: Tensor, min: Any) -> Tensor:
     return ar.clamp_min_(self, min)
 
 
-def _clamp_min_out(self: Tensor, min: Any, *, out: Tensor) -> Tensor:  # noqa: A002
+def _clamp_min_out(self: Tensor, min: Any, *, out: Tensor) -> Tensor:
     return ar.clamp_min(self, min, out=out)
 
 
-def _clamp_max(self: Tensor, max: Any) -> Tensor:  # noqa: A002
+def _clamp_max(self: Tensor, max: Any) -> Tensor:
     return ar.clamp_max(self, max)
 
 
-def _clamp_max_(self: Tensor, max: Any) -> Tensor:  # noqa: A002
+def _clamp_max_(self: Tensor, max: Any) -> Tensor:
     return ar.clamp_max_(self, max)
 
 
-def _clamp_max_out(self: Tensor, max: Any, *, out: Tensor) -> Tensor:  # noqa: A002
+def _clamp_max_out(self: Tensor, max: Any, *, out: Tensor) -> Tensor:
     return ar.clamp_max(self, max, out=out)
 
 

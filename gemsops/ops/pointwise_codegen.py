@@ -65,7 +65,7 @@ def _to_half(v, DT: tl.constexpr):
     float32 -> bfloat16 cast truncates, so there the rounding is done on the bits.
     """
     v = v.to(tl.float32)
-    if DT == tl.bfloat16 and _INTERPRETED:
+    if tl.bfloat16 == DT and _INTERPRETED:
         bits = v.to(tl.uint32, bitcast=True)
         rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
         rounded = tl.where(v != v, (bits >> 16) | 0x40, rounded)  # nan stays a (quiet) nan

@@ -1,29 +1,24 @@
 """What torch's TensorIterator does on the host, for the pointwise generator.
 
-An op is data (:class:`PointwiseOp`). :func:`run` promotes dtypes, broadcasts, turns
-Python numbers and 0-dim CPU tensors into kernel scalars, checks and allocates the
-output, and hands :mod:`gemsops.ops.pointwise_codegen` a flat or a strided launch.
-Everything a kernel cannot do as torch would is refused with
-:class:`~gemsops.errors.Unsupported` before the output is touched.
+:func:`run` takes an op (:class:`~gemsops.ops.pointwise_types.PointwiseOp`) and its
+operands; it promotes dtypes, broadcasts, turns Python numbers and 0-dim CPU tensors into
+kernel scalars, checks and allocates the output, and hands
+:mod:`gemsops.ops.pointwise_codegen` a flat or a strided launch. Anything a kernel
+cannot do as torch would is refused with :class:`~gemsops.errors.Unsupported` before
+the output is touched.
 
-The common call (same-shape contiguous tensors, no ``out=``) takes a fast path whose
-dtype decisions are cached per (op, operand dtypes).
+The common call (same-shape contiguous tensors, functional or in place on ``self``)
+takes a fast path whose dtype decisions are cached per (op, operand dtypes).
 """
 
 from __future__ import annotations
 
-import enum
-import functools
-import math
-import struct
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import torch
 from torch import Tensor
 
-import gemshal
 from gemsops.errors import Unsupported
 from gemsops.ops.pointwise_codegen import (
     BITS64,
@@ -34,213 +29,12 @@ from gemsops.ops.pointwise_codegen import (
     launch_flat,
     launch_strided,
 )
+from gemsops.ops.pointwise_types import PointwiseOp, device_type, op_dtypes, scalar_arg
+from gemsops.ops.pointwise_types import casts as operand_casts
 
-__all__ = ["ALL_DTYPES", "FLOAT_DTYPES", "PointwiseOp", "Promotion", "broadcast_shape",
-           "has_fp64", "overflows", "result_type", "run"]
+__all__ = ["broadcast_shape", "run"]
 
 Number = bool | int | float
-ALL_DTYPES = frozenset(TL_DTYPES)
-FLOAT_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
-
-
-class Promotion(enum.Enum):
-    """How an op's result dtype follows from its operands (torch's promotion kinds)."""
-
-    DEFAULT = "default"  # the common dtype
-    INT_TO_FLOAT = "int_to_float"  # integer and bool results become the default float
-    ALWAYS_BOOL = "always_bool"  # comparisons and logic
-    FIRST = "first"  # operand 0's dtype (masked_fill, threshold)
-    OUTPUT = "output"  # the output's dtype (fill_)
-
-
-@attrs.frozen(cache_hash=True)  # a key of the fast path's plan cache
-class PointwiseOp:
-    """One pointwise op as data.
-
-    Attributes:
-        name: The op's name, for messages.
-        body: The ``@triton.jit`` element function; it takes one value per role.
-        roles: One letter per operand. ``p``: takes part in type promotion; ``a``: a
-            scalar parameter converted straight to the compute dtype (alpha); ``v``:
-            a value converted to the common dtype first (a fill value); ``b``: a bool
-            mask, passed through.
-        promotion: How the result dtype is found.
-        dtypes: The common dtypes torch accepts for the op.
-        scalars: How a scalar operand is converted, as torch's kernel for the op does:
-            ``"compute"``, straight to the compute dtype (arithmetic: ``x_fp16 * 0.1``
-            multiplies by float32 0.1); ``"common"``, to the common dtype first
-            (comparisons, pow); ``"checked"``, to the common dtype refusing values out of
-            its range, as ``Scalar.to<T>()`` (clamp, fill values).
-    """
-
-    name: str
-    body: Any
-    roles: str
-    promotion: Promotion = Promotion.DEFAULT
-    dtypes: frozenset[torch.dtype] = ALL_DTYPES
-    scalars: str = "compute"
-
-
-# --- dtypes -----------------------------------------------------------------------
-
-
-def _scalar_dtype(value: Number) -> torch.dtype:
-    if isinstance(value, bool):
-        return torch.bool
-    if isinstance(value, int):
-        return torch.int64
-    return torch.get_default_dtype()
-
-
-@functools.cache
-def _probe(dtype: torch.dtype) -> Tensor:
-    return torch.empty((), dtype=dtype)
-
-
-def _is_wrapped(t: Tensor) -> bool:
-    """Whether a 0-dim CPU tensor is a wrapped Python number (which promotes more weakly).
-
-    Python cannot read the flag, but torch.result_type can: a wrapped float next to a
-    0-dim int32 gives the default float dtype, a real float64 tensor gives float64.
-    """
-    if t.dtype == torch.float64:
-        return torch.result_type(_probe(torch.int32), t) != torch.float64
-    if t.dtype == torch.int64:
-        return torch.result_type(_probe(torch.int8), t) == torch.int8
-    return False
-
-
-def _combine(higher: torch.dtype | None, lower: torch.dtype | None) -> torch.dtype | None:
-    # torch's combine_categories: a lower-priority operand only counts across categories.
-    if higher is None:
-        return lower
-    if lower is None or higher.is_floating_point:
-        return higher
-    if higher == torch.bool or lower.is_floating_point:
-        return torch.promote_types(higher, lower)
-    return higher
-
-
-def _promote(acc: torch.dtype | None, dtype: torch.dtype) -> torch.dtype:
-    return dtype if acc is None else torch.promote_types(acc, dtype)
-
-
-def result_type(values: Sequence[Tensor | Number]) -> torch.dtype:
-    """torch's result type of tensors and Python numbers (any count, unlike torch.result_type)."""
-    if len(values) == 1:
-        (v,) = values
-        return v.dtype if isinstance(v, Tensor) else _scalar_dtype(v)
-    if len(values) == 2:
-        a, b = values
-        if isinstance(a, Tensor) and isinstance(b, Tensor) and a.dtype == b.dtype:
-            return a.dtype
-        return torch.result_type(a, b)  # type: ignore[arg-type]
-    dim = zero = wrapped = None
-    for v in values:
-        if not isinstance(v, Tensor):
-            wrapped = _promote(wrapped, _scalar_dtype(v))
-        elif v.dim() > 0:
-            dim = _promote(dim, v.dtype)
-        elif v.device.type == "cpu" and _is_wrapped(v):
-            wrapped = _promote(wrapped, _scalar_dtype(v.item()))
-        else:
-            zero = _promote(zero, v.dtype)
-    found = _combine(dim, _combine(zero, wrapped))
-    assert found is not None
-    return found
-
-
-@functools.cache
-def has_fp64() -> bool:
-    """Whether the device's Triton backend handles float64."""
-    return bool(gemshal.current_device().vendor.capabilities.fp64)
-
-
-def _dtypes(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None,
-            common: torch.dtype | None) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
-    """(common dtype operands are cast to, compute dtype, result dtype), checked.
-
-    Half types compute in float32 for every kind; bool computes in int32 (``True + True``
-    is ``True`` after the cast back).
-    """
-    if common is None:
-        if op.promotion is Promotion.FIRST:
-            common = operands[0].dtype
-        elif op.promotion is Promotion.OUTPUT:
-            if out is None:
-                raise Unsupported(f"{op.name} needs an output tensor")
-            common = out.dtype
-        else:
-            promoted = [x for x, r in zip(operands, op.roles, strict=True)
-                        if r == "p" and x is not None]
-            common = result_type(promoted)
-    if common not in op.dtypes:
-        raise Unsupported(f"{op.name} does not take {common}")
-    if op.promotion is Promotion.INT_TO_FLOAT and not common.is_floating_point:
-        common = torch.get_default_dtype()
-    if common in (torch.float16, torch.bfloat16):
-        compute = torch.float32
-    elif common == torch.bool:
-        compute = torch.int32
-    else:
-        compute = common
-    result = torch.bool if op.promotion is Promotion.ALWAYS_BOOL else common
-    if out is not None and not torch.can_cast(result, out.dtype):
-        raise Unsupported(f"a {result} result cannot be cast to a {out.dtype} output")
-    if not has_fp64() and (
-        common == torch.float64
-        or any(isinstance(x, Tensor) and x.dtype == torch.float64 for x in operands)
-        or (out is not None and out.dtype == torch.float64)
-    ):
-        raise Unsupported("float64 on a device without fp64")
-    return common, compute, result
-
-
-# --- scalars ----------------------------------------------------------------------
-
-
-def overflows(value: Number, dtype: torch.dtype) -> bool:
-    """c10's ``overflows<T>(value)``, which torch's checked ``Scalar.to<T>()`` raises on."""
-    if dtype == torch.bool or isinstance(value, bool):
-        return False
-    if dtype.is_floating_point:
-        return math.isfinite(value) and abs(value) > torch.finfo(dtype).max
-    info = torch.iinfo(dtype)
-    if isinstance(value, float):
-        return not info.min <= value <= info.max  # nan and inf too
-    if info.min == 0 and value < 0:
-        return -value > info.max  # unsigned types take negatives that wrap (uint8: -255..)
-    return not info.min <= value <= info.max
-
-
-def _scalar(value: Number, via: torch.dtype | None, to: torch.dtype | None,
-            checked: bool) -> tuple[Any, int]:
-    """A Python number as a kernel argument, and its kind."""
-    if checked and via is not None and overflows(value, via):
-        raise Unsupported(f"{value} overflows {via}")  # torch raises
-    if via == torch.bool:
-        value = bool(value)  # nan and inf are true, as in C
-    elif via is not None and not via.is_floating_point and isinstance(value, float):
-        if not math.isfinite(value):
-            raise Unsupported(f"{value} cannot be converted to {via}")
-        value = int(value)  # C casts truncate
-    if isinstance(value, int) and not -(2**63) <= value < 2**63:
-        raise Unsupported(f"{value} does not fit in int64")
-    if isinstance(value, float) and torch.float64 in (via, to):
-        return struct.unpack("<q", struct.pack("<d", value))[0], BITS64
-    if isinstance(value, float) and to is not None and not to.is_floating_point:
-        raise Unsupported(f"a float scalar cannot take part in a {to} computation")
-    return value, VALUE
-
-
-def _casts(op: PointwiseOp, role: str, common: torch.dtype, compute: torch.dtype,
-           scalar: bool) -> tuple[torch.dtype | None, torch.dtype | None]:
-    """(cast to the common dtype, cast to the compute dtype) for one operand; None: none."""
-    if role == "b":
-        return None, None
-    if role == "a" or (scalar and role == "p" and op.scalars == "compute"):
-        return None, compute
-    return common, compute
 
 
 def _tl(dtype: torch.dtype | None) -> Any:
@@ -328,11 +122,16 @@ _PLANS: dict[tuple[Any, ...], _Plan | None] = {}
 
 
 def _plan(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> _Plan | None:
+    if any(r == "b" and not (isinstance(x, Tensor) and x.dtype == torch.bool)
+           for x, r in zip(operands, op.roles, strict=True)):
+        return None
+    if any(isinstance(x, Tensor) and x.dtype not in TL_DTYPES for x in operands):
+        return None
     try:
-        common, compute, result = _dtypes(op, operands, out, None)
+        common, compute, result = op_dtypes(op, operands, out, None)
     except Unsupported:
         return None  # the general path raises with the reason
-    casts = [_casts(op, r, common, compute, not isinstance(x, Tensor))
+    casts = [operand_casts(op, r, common, compute, not isinstance(x, Tensor))
              for x, r in zip(operands, op.roles, strict=True)]
     kinds = []
     for x, (via, to) in zip(operands, casts, strict=True):
@@ -346,7 +145,7 @@ def _plan(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> _Plan
 
 
 def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> Tensor | None:
-    """Same-shape contiguous device tensors (and numbers), functional or in place on self.
+    """Same-shape contiguous tensors (and numbers): functional, in place on self, or a fill.
 
     Returns None where the general path must decide.
     """
@@ -360,12 +159,18 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
                 first = x
                 if x.dim() == 0:
                     return None
-            elif x.shape != first.shape or x.get_device() != first.get_device():
+            elif x.shape != first.shape or x.device != first.device:
                 return None
             key.append(x.dtype)
         else:
             key.append(type(x))
-    if first is None or (out is not None and out is not operands[0]):
+    if first is None:  # a fill: the output alone gives the layout
+        if out is None or out.layout is not torch.strided or not out.is_contiguous():
+            return None
+        first = out
+    elif out is not None and out is not operands[0]:
+        return None
+    if first.device.type != device_type():
         return None
     k = tuple(key)
     plan = _PLANS.get(k, _MISSING)
@@ -382,7 +187,7 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
                 if xlo < hi and lo < xhi:
                     return None  # partial overlap: the general path refuses it
         else:
-            args[i] = _scalar(x, *plan.casts[i], plan.checked)[0]
+            args[i] = scalar_arg(x, *plan.casts[i], plan.checked)[0]
     if out is None:
         out = torch.empty_like(first, dtype=plan.result)
     if out.numel():
@@ -428,6 +233,8 @@ def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
     if device is None:
         device = next((t.device for t in tensors if t.dim() or t.device.type != "cpu"), None)
         device = device or (tensors[0].device if tensors else torch.device("cpu"))
+    if device.type != device_type():
+        raise Unsupported(f"a tensor on {device}; the kernels run on {device_type()}")
     for t in (*tensors, *(() if out is None else (out,))):
         if t.layout != torch.strided:
             raise Unsupported(f"layout {t.layout}")
@@ -435,7 +242,7 @@ def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
             raise Unsupported(f"dtype {t.dtype}")
         if t.device != device and (t.dim() or t.device.type != "cpu"):
             raise Unsupported(f"tensors on {t.device} and {device}")
-    common, compute, result = _dtypes(op, operands, out, common)
+    common, compute, result = op_dtypes(op, operands, out, common)
 
     # In place (a fill too), the output's shape is one of the broadcast shapes.
     shapes = [t.shape for t in tensors] + ([out.shape] if inplace and out is not None else [])
@@ -458,14 +265,14 @@ def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
         if isinstance(x, Tensor) and x.dim() == 0 and x.device.type == "cpu":
             x = x.item()  # a CPU scalar, as torch's kernels take it (is_cpu_scalar)
             checked = False
-        cast = _casts(op, role, common, compute, not isinstance(x, Tensor))
+        cast = operand_casts(op, role, common, compute, not isinstance(x, Tensor))
         if isinstance(x, Tensor):
             kinds.append(LOAD if x.numel() > 1 else SINGLE)
             if x.numel() > 1:
                 full.append(x)
             args.append(x)
         else:
-            value, kind = _scalar(x, *cast, checked)
+            value, kind = scalar_arg(x, *cast, checked)
             args.append(value)
             kinds.append(kind)
         casts.append(cast)

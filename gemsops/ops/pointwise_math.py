@@ -1,10 +1,12 @@
-"""The element functions of the pointwise ops: one small ``@triton.jit`` body per op.
+"""Element functions of the pointwise ops: one small ``@triton.jit`` body per op.
 
 A body takes the operands already converted to the op's compute dtype (float32 for
 half types, float64 stays float64, integers stay integers) and returns the result in
-that dtype (or bool), which the generated kernel casts to the output dtype. The generator in
-:mod:`gemsops.ops.pointwise_codegen` passes a body to its kernels as a constexpr,
-so each (body, layout) pair compiles once.
+that dtype (or bool); the kernel casts it to the output dtype. The generator in
+:mod:`gemsops.ops.pointwise_codegen` passes a body to its kernel templates as a
+constexpr, so each (body, template, dtypes) compiles once. This module holds the
+arithmetic, comparison and math bodies and the numerics they share; the activations'
+bodies sit with their ops in :mod:`gemsops.ops.pointwise_activation`.
 
 Only ``triton.language`` is used, never a vendor's libdevice: the same code then runs
 on every Triton backend and on the CPU interpreter (which has no libdevice), and what
@@ -27,7 +29,7 @@ _INF = tl.constexpr(float("inf"))
 @triton.jit
 def _fdiv(a, b):
     # Triton's `/` on float32 may be the fast 2-ulp division; torch divides exactly.
-    if b.dtype == tl.float32:
+    if b.dtype == tl.float32:  # noqa: SIM108 - a static if in Triton, not a select
         r = tl.math.div_rn(a, b)
     else:
         r = a / b
@@ -64,7 +66,7 @@ def _exp_precise(x):
 @triton.jit
 def _sqrt_rn(x):
     # tl.sqrt may be approximate in float32; sqrt_rn is correctly rounded like torch.
-    if x.dtype == tl.float32:
+    if x.dtype == tl.float32:  # noqa: SIM108 - a static if in Triton, not a select
         r = tl.math.sqrt_rn(x)
     else:
         r = tl.sqrt(x)
@@ -155,7 +157,7 @@ def div_true(a, b):
 
 @triton.jit
 def div_trunc(a, b):
-    if a.dtype.is_floating():
+    if a.dtype.is_floating():  # noqa: SIM108 - a static if in Triton, not a select
         r = _trunc(_fdiv(a, b))
     else:
         r = a // b  # Triton's integer // truncates, like C
@@ -234,12 +236,7 @@ def masked_fill(a, mask, value):
     return tl.where(mask, value, a)
 
 
-@triton.jit
-def threshold(a, th, value):
-    return tl.where(a <= th, value, a)
-
-
-# --- transcendental ---------------------------------------------------------------
+# --- math functions -------------------------------------------------------------
 
 
 @triton.jit
@@ -275,33 +272,6 @@ def cos(a):
 @triton.jit
 def tanh(a):
     return _tanh(a)
-
-
-@triton.jit
-def sigmoid(a):
-    return 1.0 / (1.0 + tl.exp(-a))
-
-
-@triton.jit
-def relu(a):
-    # a < 0 is false for nan, so nan passes through as in torch.
-    return tl.where(a < 0, 0, a)
-
-
-@triton.jit
-def gelu(a):
-    return a * 0.5 * (1.0 + tl.math.erf(a * 0.7071067811865476))
-
-
-@triton.jit
-def gelu_tanh(a):
-    inner = 0.7978845608028654 * (a + 0.044715 * a * a * a)
-    return 0.5 * a * (1.0 + _tanh(inner))
-
-
-@triton.jit
-def silu(a):
-    return a / (1.0 + tl.exp(-a))
 
 
 # --- pow --------------------------------------------------------------------------
@@ -402,45 +372,3 @@ def logical_or(a, b):
 @triton.jit
 def logical_not(a):
     return a == 0
-
-
-# --- backward ---------------------------------------------------------------------
-
-
-@triton.jit
-def sigmoid_backward(g, y):
-    return g * (1.0 - y) * y
-
-
-@triton.jit
-def tanh_backward(g, y):
-    return g * (1.0 - y * y)
-
-
-@triton.jit
-def silu_backward(g, x):
-    s = 1.0 / (1.0 + tl.exp(-x))
-    return g * s * (1.0 + x * (1.0 - s))
-
-
-@triton.jit
-def gelu_backward(g, x):
-    cdf = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476))
-    pdf = tl.exp(-0.5 * x * x) * 0.3989422804014327  # 1 / sqrt(2 pi)
-    return g * (cdf + x * pdf)
-
-
-@triton.jit
-def gelu_tanh_backward(g, x):
-    x_sq = x * x
-    inner = 0.7978845608028654 * (x + 0.044715 * x_sq * x)
-    t = _tanh(inner)
-    left = 0.5 * x
-    right = 1.0 + t
-    d_inner = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x_sq)
-    return g * (0.5 * right + left * (1.0 - t * t) * d_inner)
-
-
-@triton.jit
-def threshold_backward(g, x, th):
-    return tl.where(x <= th, 0, g)

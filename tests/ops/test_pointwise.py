@@ -9,6 +9,7 @@ reference through the shared tolerance table; dtypes and shapes must equal torch
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +51,7 @@ def tensors(draw: st.DrawFn, *, dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,
 
 
 def check(actual: torch.Tensor, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-    """``actual`` has torch's dtype and shape for ``fn(*args)`` and the float64 reference's values."""
+    """``actual`` has torch's dtype and shape for ``fn(*args)``, the float64 reference's values."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         native = fn(*args, **kwargs)
@@ -115,7 +116,7 @@ UNARY: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
 @pytest.mark.parametrize("name", sorted(UNARY))
 @given(data=st.data())
 def test_unary(name: str, data: st.DataObject) -> None:
-    """Each unary op matches torch on every dtype torch takes, special values and layouts included."""
+    """Each unary op matches torch on every dtype torch takes, special values and layouts too."""
     ours, theirs = UNARY[name]
     x = data.draw(tensors(dtypes=EVERY, specials=True))
     if not torch_accepts(theirs, x):
@@ -151,7 +152,7 @@ def test_binary_broadcast_promotion(name: str, pair: tuple[torch.Tensor, torch.T
 @pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "eq", "lt", "ge", "pow", "maximum"])
 @given(x=tensors(dtypes=EVERY, specials=True), value=scalars, swap=st.booleans())
 def test_python_scalars(name: str, x: torch.Tensor, value: Any, swap: bool) -> None:
-    """A Python number operand promotes weakly (int tensor + 2.5 is float32) and computes as torch."""
+    """A Python number promotes weakly (int tensor + 2.5 is float32) and computes as in torch."""
     ours, theirs = BINARY[name]
     if name == "maximum":  # no Scalar overload in torch: a 0-dim tensor of the number
         value = torch.tensor(value)
@@ -168,7 +169,7 @@ def test_python_scalars(name: str, x: torch.Tensor, value: Any, swap: bool) -> N
 @pytest.mark.parametrize("mode", ["trunc", "floor"])
 @given(pair=operand_pairs(dtypes=NUMERIC))
 def test_div_rounding(mode: str, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """div with rounding_mode matches torch for floats (inf, nan, -0.0) and integers of both signs."""
+    """div with rounding_mode matches torch for floats (inf, nan, -0.0) and signed integers."""
     a, b = pair
     if not b.dtype.is_floating_point:
         b = torch.where(b == 0, torch.ones_like(b), b)  # integer division by zero raises in torch
@@ -189,7 +190,7 @@ def test_pow_integers(x: torch.Tensor, e: int) -> None:
 
 
 @given(x=tensors(dtypes=HALF_AND_FLOAT, specials=True),
-       e=st.sampled_from([0, 1, 2, 3, 0.5, -0.5, -1, -2, 2.5, -1.5, 0.0, float("inf"), float("nan")]))
+       e=st.sampled_from([0, 1, 2, 3, 0.5, -0.5, -1, -2, 2.5, -1.5, 0.0, math.inf, math.nan]))
 def test_pow_scalar_exponents(x: torch.Tensor, e: float) -> None:
     """pow(x, e) takes torch's special cases (e=0 fills 1, 0.5 is sqrt so (-inf)**0.5 is nan)."""
     check(pw.pow(x, e), torch.pow, x, e)
@@ -276,11 +277,11 @@ def test_backward_ops(name: str, data: st.DataObject) -> None:
 
 
 @pytest.mark.parametrize("name", ["add", "mul", "div", "eq", "maximum", "pow"])
-@given(pair=operand_pairs(dtypes=NUMERIC), out_dtype=st.sampled_from(NUMERIC + (torch.bool,)),
+@given(pair=operand_pairs(dtypes=NUMERIC), out_dtype=st.sampled_from((*NUMERIC, torch.bool)),
        empty=st.booleans())
 def test_out_variants(name: str, pair: tuple[torch.Tensor, torch.Tensor],
                       out_dtype: torch.dtype, empty: bool) -> None:
-    """out= resizes an empty out, casts to its dtype, and refuses a dtype the result cannot cast to."""
+    """out= resizes an empty out, casts to its dtype, refuses a dtype the result cannot cast to."""
     ours, theirs = BINARY[name]
     a, b = pair
     shape = torch.broadcast_shapes(a.shape, b.shape)
@@ -300,7 +301,8 @@ def test_out_variants(name: str, pair: tuple[torch.Tensor, torch.Tensor],
         expected = reference(theirs, a, b).to(native.dtype)
     coarse = out_dtype
     if native.dtype.is_floating_point and (
-        not out_dtype.is_floating_point or torch.finfo(native.dtype).eps > torch.finfo(out_dtype).eps
+        not out_dtype.is_floating_point
+        or torch.finfo(native.dtype).eps > torch.finfo(out_dtype).eps
     ):
         coarse = native.dtype
     if not native.dtype.is_floating_point:
