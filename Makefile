@@ -28,6 +28,7 @@ $(STAMP): setup.cfg pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
+	$(PY) -m gemshal info
 	$(PY) -m gemsops demo
 
 test: $(STAMP)
