@@ -78,6 +78,16 @@ def _ambiguous(stage: str, claims: Sequence[tuple[VendorInfo, Claim]]) -> Ambigu
     )
 
 
+def _looked_for(info: VendorInfo) -> str:
+    """What a declining probe checks, from its docstring: the trace says why it declined."""
+    probe = getattr(info.probe, "func", info.probe)
+    doc = (getattr(probe, "__doc__", None) or "").strip().splitlines()
+    what = doc[0].rstrip(".") if doc else "looks for this vendor"
+    what = what[0].lower() + what[1:]
+    detail = ", ".join(f"{k}={v!r}" for k, v in getattr(info.probe, "keywords", {}).items())
+    return f"{what}: none" + (f" ({detail})" if detail else "")
+
+
 class _Run:
     def __init__(self, facts: Facts, env: Mapping[str, str], pool: Sequence[VendorInfo]) -> None:
         self.facts = facts
@@ -111,7 +121,7 @@ class _Run:
                 self.note("probe", "error", f"probe raised {type(exc).__name__}: {exc}", info.name)
                 continue
             if claim is None:
-                self.note("probe", "declined", "no sign of this vendor", info.name)
+                self.note("probe", "declined", _looked_for(info), info.name)
             else:
                 self.note("probe", "claimed", claim.reason, info.name)
                 claims.append((info, claim))

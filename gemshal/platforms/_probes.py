@@ -30,7 +30,7 @@ def _matches(name: str, markers: tuple[str, ...]) -> str | None:
 
 
 def nvidia(facts: Facts) -> Claim | None:
-    """Claims a CUDA device that is neither HIP nor a known look-alike."""
+    """Looks for a CUDA device that is neither HIP nor a known look-alike."""
     if facts.hip_version() is not None:
         return None
     name = _cuda_name(facts)
@@ -40,7 +40,7 @@ def nvidia(facts: Facts) -> Claim | None:
 
 
 def rocm(facts: Facts, *, hygon: bool) -> Claim | None:
-    """Claims a HIP device: Hygon DCUs when ``hygon`` is set, AMD GPUs otherwise."""
+    """Looks for a HIP runtime whose device name is Hygon's (``hygon=True``) or not (AMD)."""
     hip = facts.hip_version()
     if hip is None:
         return None
@@ -51,7 +51,7 @@ def rocm(facts: Facts, *, hygon: bool) -> Claim | None:
 
 
 def cuda_lookalike(facts: Facts, markers: tuple[str, ...]) -> Claim | None:
-    """Claims a device that torch reports as ``cuda`` whose name carries one of ``markers``."""
+    """Looks for a torch ``cuda`` device whose name carries one of ``markers``."""
     name = _cuda_name(facts)
     if not name:
         return None
@@ -62,14 +62,14 @@ def cuda_lookalike(facts: Facts, markers: tuple[str, ...]) -> Claim | None:
 
 
 def torch_backend(facts: Facts, backend: str) -> Claim | None:
-    """Claims a device type built into torch (``xpu``) that reports devices."""
+    """Looks for a device type built into torch (``backend``) that reports devices."""
     if facts.accelerator() == backend or facts.has_torch_backend(backend):
         return Claim(f"torch.{backend} reports available devices")
     return None
 
 
 def extension_module(facts: Facts, module: str) -> Claim | None:
-    """Claims the machine when the vendor's torch extension module is installed."""
+    """Looks for the vendor's torch extension ``module``, installed."""
     if facts.has_module(module):
         return Claim(f"the torch extension {module!r} is installed")
     return None
