@@ -87,7 +87,7 @@ class Device:
 class _State:
     """Everything resolution decides, swapped in one assignment."""
 
-    __slots__ = ("count", "detection", "device_type", "devices", "module")
+    __slots__ = ("count", "detection", "device_type", "devices", "indices", "module")
 
     def __init__(self, detection: Detection, module: Any, count: int) -> None:
         self.detection = detection
@@ -95,6 +95,7 @@ class _State:
         self.device_type = detection.vendor.device_type
         self.count = count
         self.devices: dict[int, Device] = {}
+        self.indices: dict[object, int | None] = {}
 
 
 _LOCK = threading.RLock()
@@ -342,7 +343,17 @@ def device_guard(device: torch.device | torch.Tensor | int | str) -> DeviceGuard
             of range (the message names the value and the valid ones).
     """
     state = _STATE or _state()
-    index = _index_of(device, state)
+    if isinstance(device, torch.Tensor):
+        device = device.device
+    kind = type(device)
+    if kind is torch.device or kind is str or kind is int:
+        # Launch paths guard the same few devices over and over: remember each answer.
+        try:
+            index = state.indices[device]
+        except KeyError:
+            index = state.indices[device] = _index_of(device, state)
+    else:
+        index = _index_of(device, state)
     if index is None:
         return _NO_GUARD
     return DeviceGuard(index, state.module)

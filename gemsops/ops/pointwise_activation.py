@@ -108,7 +108,6 @@ def _threshold_backward(g, x, th):
     return tl.where(x <= th, 0, g)
 
 
-
 # --- ops ------------------------------------------------------------------------------
 
 _FLOAT_RESULTS = ("exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh")

@@ -64,6 +64,24 @@ def _exp_precise(x):
 
 
 @triton.jit
+def _fmod(a, b):
+    """C's fmod, exactly.
+
+    Triton's float ``%`` becomes ``a - b * trunc(a / b)`` rounded on some backends
+    (NVPTX), which can even get the sign wrong. Here the remainder is one fma with the
+    truncated quotient, exact once the quotient is right; a quotient that rounded up
+    across an integer shows as a remainder of the wrong sign and is stepped back.
+    """
+    q = _fdiv(a, b)
+    t = _trunc(q)
+    r = tl.math.fma(-t, b, a)
+    t = tl.where((r != 0) & ((r < 0) != (a < 0)), t - tl.where(q > 0, 1.0, -1.0), t)
+    r = tl.math.fma(-t, b, a)
+    # fmod(x, +-inf) is x (0 * inf would make nan); fmod(inf, y) and fmod(x, 0) stay nan.
+    return tl.where((tl.abs(b) == _INF) & (tl.abs(a) < _INF), a, r)
+
+
+@triton.jit
 def _sqrt_rn(x):
     # tl.sqrt may be approximate in float32; sqrt_rn is correctly rounded like torch.
     if x.dtype == tl.float32:  # noqa: SIM108 - a static if in Triton, not a select
@@ -168,7 +186,7 @@ def div_trunc(a, b):
 def div_floor(a, b):
     if a.dtype.is_floating():
         # torch's div_floor_floating: fmod keeps the quotient exact near integers.
-        mod = a % b  # fmod
+        mod = _fmod(a, b)
         q = _fdiv(a - mod, b)
         q = tl.where((mod != 0) & ((b < 0) != (mod < 0)), q - 1.0, q)
         fl = tl.floor(q)

@@ -15,6 +15,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import gemsops
 from gemsops.errors import Unsupported
 from gemsops.ops import fill
 from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, target_device, tensors
@@ -101,6 +102,20 @@ def test_factories(size: list[int], dtype: torch.dtype | None, value: Any) -> No
         return
     torch.testing.assert_close(fill.full(size, value, dtype=dtype, device=dev), expected,
                                equal_nan=True, rtol=0, atol=0)
+
+
+def test_factories_reach_fill_through_aten() -> None:
+    """torch.zeros / ones / full / *_like (composite in aten) are served by zero_ and fill_."""
+    dev = target_device()
+    with gemsops.use_gems(include=["fill", "zero"]), gemsops.record() as rec:
+        z = torch.zeros(3, 4, device=dev)
+        o = torch.ones(5, dtype=torch.int32, device=dev)
+        f = torch.full((2, 2), 2.5, dtype=torch.float16, device=dev)
+        zl = torch.zeros_like(f)
+    assert rec.served["zero_.default"] >= 2 and rec.served["fill_.Scalar"] >= 2, rec
+    assert not rec.fallbacks, rec.fallback_ops()
+    assert int((z == 0).sum()) == 12 and int((o == 1).sum()) == 5
+    assert bool((f == 2.5).all()) and bool((zl == 0).all())
 
 
 @pytest.mark.parametrize("key", sorted(fill.IMPLS))

@@ -176,6 +176,17 @@ def test_div_rounding(mode: str, pair: tuple[torch.Tensor, torch.Tensor]) -> Non
     check(pw.div(a, b, rounding_mode=mode), torch.div, a, b, rounding_mode=mode)
 
 
+def test_div_floor_near_integer_quotients() -> None:
+    """Floor division whose quotient rounds onto an integer (6 / 0.1f) still floors (exact fmod)."""
+    dev = target_device()
+    for dtype in (torch.float32, torch.float64):
+        a = torch.tensor([6.0, -6.0, 1.0, 0.3, 1e30, 7.0, 5.0], dtype=dtype, device=dev)
+        b = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.1, math.inf, -3.0], dtype=dtype, device=dev)
+        expected = torch.div(a.cpu(), b.cpu(), rounding_mode="floor")
+        torch.testing.assert_close(pw.div(a, b, rounding_mode="floor").cpu(), expected,
+                                   rtol=0, atol=0)
+
+
 @given(x=tensors(dtypes=(torch.int32, torch.int64, torch.int8, torch.uint8)),
        e=st.integers(-3, 9))
 @settings(max_examples=10)
