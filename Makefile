@@ -10,6 +10,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gemshal-installed
+TEST_STAMP := $(VENV)/.gemshal-test-installed
 TORCH_CPU := torch==2.13.0
 TRITON_CPU := triton==3.9.0
 
@@ -18,20 +19,26 @@ TRITON_CPU := triton==3.9.0
 $(STAMP): setup.cfg pyproject.toml
 	@if $(PYTHON) -c "import torch, triton" 2>/dev/null; then \
 		echo "gemshal: torch and triton found, keeping them"; \
-		$(PYTHON) -m venv --system-site-packages $(VENV); \
+		$(PYTHON) -m venv --system-site-packages $(VENV) && \
+		$(PY) -m pip install -q --no-deps --no-build-isolation -e .; \
 	else \
 		$(PYTHON) -m venv $(VENV) && \
 		$(PY) -m pip install -q --upgrade pip && \
-		$(PY) -m pip install -q $(TORCH_CPU) $(TRITON_CPU) numpy; \
+		$(PY) -m pip install -q $(TORCH_CPU) $(TRITON_CPU) numpy && \
+		$(PY) -m pip install -q -e .; \
 	fi
-	$(PY) -m pip install -q -e '.[test]'
 	@touch $(STAMP)
+
+# Test tools (pytest, hypothesis, mypy, ruff), on top of the runtime install.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $(TEST_STAMP)
 
 demo: $(STAMP)
 	$(PY) -m gemshal info
 	$(PY) -m gemsops demo
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 	$(PY) -m mypy
 	$(PY) -m ruff check gemshal gemsops tests examples
