@@ -261,7 +261,7 @@ def host_overhead(dev: torch.device, *, calls: int = 2000) -> list[dict[str, Any
     """Wall-clock microseconds per call on tiny tensors, one synchronize at the end."""
     module = gemshal.device_module()
     peer = _flag_gems()
-    tiny = {
+    tiny: dict[str, tuple[Callable[[torch.Tensor], Any], tuple[int, ...]]] = {
         "add 1024": (lambda a: torch.add(a, a), (1024,)),
         "softmax 64x1024": (lambda a: torch.softmax(a, -1), (64, 1024)),
         "sum 64x1024": (lambda a: a.sum(-1), (64, 1024)),
@@ -329,7 +329,7 @@ def _table(rows: list[dict[str, Any]], copy_gbs: float) -> str:
 
 def _plot(rows: list[dict[str, Any]], path: str) -> bool:
     try:
-        import matplotlib
+        import matplotlib  # type: ignore[import-not-found]
 
         matplotlib.use("Agg")
         from matplotlib import pyplot as plt

@@ -53,7 +53,8 @@ class DecoderBlock(nn.Module):
         shape = (batch, seq, self.heads, -1)
         q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
         scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        scores = scores.masked_fill(self.masked[:seq, :seq], float("-inf"))
+        masked: torch.Tensor = self.masked  # type: ignore[assignment]  # a registered buffer
+        scores = scores.masked_fill(masked[:seq, :seq], float("-inf"))
         attn = torch.softmax(scores, dim=-1) @ v
         x = x + self.proj(attn.transpose(1, 2).reshape(batch, seq, -1))
         x = x + self.down(F.silu(self.up(self.norm2(x))))
@@ -61,11 +62,11 @@ class DecoderBlock(nn.Module):
         return F.cross_entropy(logits.reshape(batch * seq, -1), targets.reshape(-1))
 
 
-class _AtenLog(TorchDispatchMode):
+class _AtenLog(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts every aten overload that reaches a kernel (views and metadata ops left out)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.calls: Counter[str] = Counter()
 
     def __torch_dispatch__(
@@ -110,8 +111,8 @@ class DemoReport:
 
 def _step(model: DecoderBlock, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     model.zero_grad(set_to_none=True)
-    loss = model(tokens, targets)
-    loss.backward()
+    loss: torch.Tensor = model(tokens, targets)
+    loss.backward()  # type: ignore[no-untyped-call]
     return loss.detach()
 
 

@@ -223,7 +223,7 @@ def _torch_kernel(name: str, key: str) -> Any | None:
 def _register(overloads: frozenset[str]) -> tuple[Any, frozenset[str], dict[str, str]]:
     impls = implementations()
     key = gemshal.current_vendor().dispatch_key
-    library = torch.library.Library("aten", "IMPL")
+    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
     served: set[str] = set()
     skipped: dict[str, str] = {}
     with warnings.catch_warnings():
@@ -239,7 +239,8 @@ def _register(overloads: frozenset[str]) -> tuple[Any, frozenset[str], dict[str,
                 # say so plainly for inputs gemsops cannot take.
                 original = _NoTorchKernel(name, key)
                 skipped[overload] = f"torch has no {key} kernel; gemsops is the only one"
-            library.impl(name, _wrap(overload, impls[overload], original), key, with_keyset=True)
+            kernel = _wrap(overload, impls[overload], original)
+            library.impl(name, kernel, key, with_keyset=True)  # type: ignore[no-untyped-call]
             served.add(overload)
     return library, frozenset(served), skipped
 

@@ -263,7 +263,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     x2, t2, w, prob = _ce_prepare(input, target, weight, int(ignore_index), float(label_smoothing))
     args = (x2, t2, w, prob, red, int(ignore_index), float(label_smoothing))
     if torch.is_grad_enabled() and input.requires_grad:
-        return _CrossEntropy.apply(input, *args)  # type: ignore[no-any-return]
+        return _CrossEntropy.apply(input, *args)
     out = _ce_forward(*args, input.dtype)[0]
     return out.view(_loss_shape(input.shape)) if red == 0 else out
 

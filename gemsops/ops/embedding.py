@@ -179,7 +179,7 @@ def embedding(weight: Tensor, indices: Tensor, padding_idx: int = -1,
     if torch.is_grad_enabled() and weight.requires_grad:
         if sparse:
             raise Unsupported("sparse embedding gradients")
-        return _Embedding.apply(weight, indices, padding_idx,  # type: ignore[no-any-return]
+        return _Embedding.apply(weight, indices, padding_idx,
                                 scale_grad_by_freq, sparse)
     return _lookup(weight, indices, padding_idx, scale_grad_by_freq, sparse)
 

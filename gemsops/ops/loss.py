@@ -249,7 +249,8 @@ class _NLLLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, target, weight, total = ctx.saved_tensors
-        gi = nll_loss_backward(grad, x, target, weight, *ctx.meta, total)
+        red, ignore_index = ctx.meta
+        gi = nll_loss_backward(grad, x, target, weight, red, ignore_index, total)
         return gi, None, None, None, None
 
 
@@ -263,7 +264,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
     """
     red = _reduction(reduction)
     if torch.is_grad_enabled() and input.requires_grad:
-        return _NLLLoss.apply(input, target, weight, red,  # type: ignore[no-any-return]
+        return _NLLLoss.apply(input, target, weight, red,
                               int(ignore_index))
     return nll_loss_forward(input, target, weight, red, int(ignore_index))[0]
 

@@ -311,7 +311,7 @@ def layer_norm(input: Tensor, normalized_shape: int | Sequence[int],
     """
     ns = _shape(normalized_shape)
     if _needs_grad(input, weight, bias):
-        return _LayerNorm.apply(input, ns, weight, bias, eps)  # type: ignore[no-any-return]
+        return _LayerNorm.apply(input, ns, weight, bias, eps)
     return native_layer_norm(input, ns, weight, bias, eps)[0]
 
 
@@ -334,7 +334,7 @@ def rms_norm(input: Tensor, normalized_shape: int | Sequence[int],
     """
     ns = _shape(normalized_shape)
     if _needs_grad(input, weight):
-        return _RMSNorm.apply(input, ns, weight, eps)  # type: ignore[no-any-return]
+        return _RMSNorm.apply(input, ns, weight, eps)
     return fused_rms_norm(input, ns, weight, eps)[0]
 
 

@@ -156,7 +156,7 @@ def _has_zero(x: Value) -> bool:
 
 def _div(self: Value, other: Value, rounding_mode: str | None, out: Tensor | None,
          inplace: bool = False) -> Tensor:
-    op = DIV.get(rounding_mode)  # type: ignore[call-overload]
+    op = DIV.get(rounding_mode)
     if op is None:
         raise Unsupported(f"rounding_mode {rounding_mode!r}")  # torch raises
     if rounding_mode is not None and not result_type([self, other]).is_floating_point \
@@ -207,7 +207,7 @@ def _pow(self: Value, exponent: Value, out: Tensor | None, inplace: bool = False
             return run(COPY, (self,), out=out, inplace=inplace, common=common)
         if not common.is_floating_point and exponent < 0:
             raise Unsupported("integers to negative integer powers")  # torch raises
-        special = _POW_SPECIAL.get(exponent)  # type: ignore[call-overload]
+        special = _POW_SPECIAL.get(exponent)
         if special is not None and common in special.dtypes:
             return run(special, (self,), out=out, inplace=inplace, common=common)
     elif not isinstance(self, Tensor | bool) and self == 1:

@@ -35,7 +35,7 @@ def _unary(name: str, fn: Fn, fn_: Fn, out: bool = True) -> dict[str, Fn]:
     def out_variant(self: Tensor, *, out: Tensor) -> Tensor:
         return fn(self, out=out)
 
-    table = {f"{name}.default": functional, f"{name}_.default": inplace}
+    table: dict[str, Fn] = {f"{name}.default": functional, f"{name}_.default": inplace}
     if out:
         table[f"{name}.out"] = out_variant
     return table

@@ -35,6 +35,7 @@ from gemsops.ops.pointwise_types import casts as operand_casts
 __all__ = ["broadcast_shape", "run"]
 
 Number = bool | int | float
+Casts = tuple[torch.dtype | None, torch.dtype | None]  # (via, to) of pointwise_types.casts
 
 
 def _tl(dtype: torch.dtype | None) -> Any:
@@ -111,7 +112,7 @@ class _Plan:
     __slots__ = ("casts", "checked", "meta", "result")
 
     def __init__(self, meta: dict[str, Any], result: torch.dtype,
-                 casts: list[tuple[Any, Any]], checked: bool) -> None:
+                 casts: list[Casts], checked: bool) -> None:
         self.meta = meta
         self.result = result
         self.casts = casts
@@ -173,7 +174,7 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
     if first.device.type != device_type():
         return None
     k = tuple(key)
-    plan = _PLANS.get(k, _MISSING)
+    plan: _Plan | None = _PLANS.get(k, _MISSING)
     if plan is _MISSING:
         plan = _PLANS[k] = _plan(op, operands, out)
     if plan is None:
@@ -256,7 +257,7 @@ def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
 
     args: list[Any] = []
     kinds: list[int] = []
-    casts: list[tuple[Any, Any]] = []
+    casts: list[Casts] = []
     full: list[Tensor] = []
     for x, role in zip(operands, op.roles, strict=True):
         if role == "b" and not (isinstance(x, Tensor) and x.dtype == torch.bool):
@@ -272,6 +273,7 @@ def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
                 full.append(x)
             args.append(x)
         else:
+            assert x is not None  # only trailing operands may be None, and run popped them
             value, kind = scalar_arg(x, *cast, checked)
             args.append(value)
             kinds.append(kind)

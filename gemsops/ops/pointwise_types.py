@@ -123,7 +123,7 @@ def result_type(values: Sequence[Tensor | Number]) -> torch.dtype:
         a, b = values
         if isinstance(a, Tensor) and isinstance(b, Tensor) and a.dtype == b.dtype:
             return a.dtype
-        return torch.result_type(a, b)  # type: ignore[arg-type]
+        return torch.result_type(a, b)
     dim = zero = wrapped = None
     for v in values:
         if not isinstance(v, Tensor):

@@ -268,6 +268,7 @@ def _arg_reduce(
         return values, indices
     src = kernel_view(x)
     lay = plan(src, dims, reorder=False)
+    assert lay is not None  # copy=True (the default): plan never returns None
     if lay.N > INDEX_SENTINEL:
         raise Unsupported("reduced length needs 64-bit indices")
     init = max_identity(x.dtype) if is_max else min_identity(x.dtype)
@@ -303,12 +304,14 @@ def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
 def max_dim(x: Tensor, dim: int, keepdim: bool = False) -> Any:
     """``torch.max(x, dim)``: ``(values, indices)`` of the largest values along ``dim``."""
     values, indices = _arg_reduce("max", x, dim, keepdim, True, True)
+    assert values is not None  # with_values=True: _arg_reduce allocates them
     return torch.return_types.max((values, indices))
 
 
 def min_dim(x: Tensor, dim: int, keepdim: bool = False) -> Any:
     """``torch.min(x, dim)``: ``(values, indices)`` of the smallest values along ``dim``."""
     values, indices = _arg_reduce("min", x, dim, keepdim, False, True)
+    assert values is not None  # with_values=True: _arg_reduce allocates them
     return torch.return_types.min((values, indices))
 
 

@@ -215,6 +215,7 @@ def var_mean(
     if var.numel() == 0:
         return var, mean
     lay = plan(x, dims)
+    assert lay is not None  # copy=True (the default): plan never returns None
     total = lay.N
     corr = 1 if correction is None else correction
     # An integral dof is passed as an integer so float64 keeps it exact at any size.

@@ -267,8 +267,9 @@ def reduce(
         done = reduce(inner, rest, True, op, out_dtype, count=count, converted=True)
         return done.view(out.shape)
     else:
-        lay = plan(src, dims)
-        assert lay is not None
+        planned = plan(src, dims)
+        assert planned is not None  # copy=True (the default): plan never returns None
+        lay = planned
     parts, chunk = split(lay)
     out_view = kernel_view(out)
     if parts == 1:

@@ -52,14 +52,9 @@ def shapes(
     dims: list[int] = []
     for _ in range(rank):
         budget = max(1, limit // max(1, math.prod(d for d in dims if d)))
+        small = [d for d in (0, 1, 2, 3, 5, 7, 16, 33, 64, 100, 127) if d <= budget]
         dims.append(
-            draw(
-                st.sampled_from([0, 1, 2, 3, 5, 7, 16, 33, 64, 100, 127]).filter(
-                    lambda d, b=budget: d <= b
-                )
-            )
-            if budget < 128
-            else draw(st.integers(0, min(budget, 300)))
+            draw(st.sampled_from(small)) if budget < 128 else draw(st.integers(0, min(budget, 300)))
         )
     return tuple(dims)
 
