@@ -85,6 +85,15 @@ def target_device() -> torch.device:
     return gemshal.current_device().torch_device
 
 
+def to_target(x: torch.Tensor) -> torch.Tensor:
+    """``x`` on :func:`target_device` with its strides kept (a sliced view stays sliced)."""
+    device = target_device()
+    if x.device == device:
+        return x
+    y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device)
+    return y.copy_(x)
+
+
 @st.composite
 def tensors(
     draw: st.DrawFn,

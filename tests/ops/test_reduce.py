@@ -29,7 +29,7 @@ from gemsops.ops.reduce_index import argmax, argmin, max_dim, min_dim
 from gemsops.ops.reduce_stats import var_mean
 from gemsops.ops.scan import cumsum
 from gemsops.testing.reference import reference
-from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, dims_for, tensors
+from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, dims_for, tensors, to_target
 from gemsops.testing.tolerance import assert_close
 
 DEVICE = gemshal.current_device().torch_device
@@ -44,17 +44,6 @@ ALL_DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, torch.float64, torch.int8, torch.bool)
 ORDERED = (*FLOAT_DTYPES, *INT_DTYPES, torch.int8)
 
 
-def on_device(x: torch.Tensor) -> torch.Tensor:
-    """``x`` on the device under test with its strides kept (a sliced view stays sliced)."""
-    if x.device == DEVICE:
-        return x
-    y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=DEVICE)
-    return y.copy_(x)
-
-
-def device_tensors(**kwargs: Any) -> st.SearchStrategy[torch.Tensor]:
-    """The shared ``tensors`` strategy, placed on the device under test."""
-    return tensors(**kwargs).map(on_device)
 
 
 @st.composite
@@ -67,7 +56,7 @@ def nonfinite_tensors(draw: st.DrawFn, **kwargs: Any) -> torch.Tensor:
     x = draw(tensors(specials=True, **kwargs))
     if x.dtype.is_floating_point and x.numel():
         x[torch.isfinite(x) & (x.abs() > 1e20)] = 1.5
-    return on_device(x)
+    return to_target(x)
 
 
 def _dims_arg(draw: st.DrawFn, rank: int) -> tuple[int, ...] | None:
@@ -128,7 +117,7 @@ def test_prod_matches_torch(x: torch.Tensor, data: st.DataObject) -> None:
 
 
 @settings(max_examples=30)
-@given(x=device_tensors(dtypes=ALL_DTYPES, specials=True), data=st.data())
+@given(x=tensors(dtypes=ALL_DTYPES, specials=True), data=st.data())
 def test_amax_amin_match_torch_exactly(x: torch.Tensor, data: st.DataObject) -> None:
     """amax/amin over any non-empty dim set equal torch bit for bit; nan propagates."""
     dims = data.draw(dims_for(x.dim()))
@@ -142,7 +131,7 @@ def test_amax_amin_match_torch_exactly(x: torch.Tensor, data: st.DataObject) -> 
 
 
 @settings(max_examples=25)
-@given(x=device_tensors(dtypes=ALL_DTYPES, specials=True))
+@given(x=tensors(dtypes=ALL_DTYPES, specials=True))
 def test_full_max_min_match_torch(x: torch.Tensor) -> None:
     """max(x) / min(x) of a non-empty tensor equal torch's; of an empty one raise like it."""
     if x.numel() == 0:
@@ -154,7 +143,7 @@ def test_full_max_min_match_torch(x: torch.Tensor) -> None:
 
 
 @settings(max_examples=30)
-@given(x=device_tensors(dtypes=ALL_DTYPES, specials=True), data=st.data())
+@given(x=tensors(dtypes=ALL_DTYPES, specials=True), data=st.data())
 def test_max_min_dim_values_and_first_indices(x: torch.Tensor, data: st.DataObject) -> None:
     """max/min over one dim give torch's values and its first-occurrence indices (nan first)."""
     rank = max(x.dim(), 1)
@@ -172,7 +161,7 @@ def test_max_min_dim_values_and_first_indices(x: torch.Tensor, data: st.DataObje
 
 
 @settings(max_examples=30)
-@given(x=device_tensors(dtypes=ORDERED, specials=True), data=st.data())
+@given(x=tensors(dtypes=ORDERED, specials=True), data=st.data())
 def test_argmax_argmin_match_torch(x: torch.Tensor, data: st.DataObject) -> None:
     """argmax/argmin over one dim or the flattened tensor equal torch's (ties: first index)."""
     rank = max(x.dim(), 1)
@@ -239,7 +228,7 @@ def test_split_reductions_match_one_pass(split_small: None, shape: tuple[int, ..
     gen = torch.Generator().manual_seed(len(shape))
     x = torch.randn(shape, generator=gen)
     x.view(-1)[7] = float("nan")
-    x = on_device(x)
+    x = to_target(x)
     n = _reduced(x, dims)
     assert_close(R.sum(x, dims), reference(torch.sum, x, dims), reduce_size=n)
     assert_close(R.mean(x, dims), reference(torch.mean, x, dims), reduce_size=n)
@@ -248,7 +237,7 @@ def test_split_reductions_match_one_pass(split_small: None, shape: tuple[int, ..
     e_var, e_mean = reference(torch.var_mean, x, dims)
     assert_close(var, e_var, reduce_size=n)
     assert_close(mean, e_mean, reduce_size=n)
-    xi = on_device(torch.randint(-3, 3, shape, generator=gen))  # many ties: first index wins
+    xi = to_target(torch.randint(-3, 3, shape, generator=gen))  # many ties: first index wins
     d = None if dims is None else dims[0]
     _same(argmax(xi, d), torch.argmax(xi, d))
     _same(argmin(x, d), torch.argmin(x, d))
@@ -276,7 +265,7 @@ def test_layout_reads_common_cases_without_copying() -> None:
 def test_other_integer_dtypes(dtype: torch.dtype) -> None:
     """uint8 and int16 (which the shared strategies do not draw) reduce like torch."""
     gen = torch.Generator().manual_seed(3)
-    x = on_device(torch.randint(0, 100, (9, 13), generator=gen).to(dtype))
+    x = to_target(torch.randint(0, 100, (9, 13), generator=gen).to(dtype))
     for d in (0, 1):
         _same(R.sum(x, d), torch.sum(x, d))
         _same(R.amax(x, d), torch.amax(x, d))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
 
 import pytest
 import torch
@@ -34,17 +33,6 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
-def on_device(x: torch.Tensor) -> torch.Tensor:
-    """``x`` on the device under test with its strides kept (a sliced view stays sliced)."""
-    if x.device == DEVICE:
-        return x
-    y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=DEVICE)
-    return y.copy_(x)
-
-
-def device_tensors(**kwargs: Any) -> st.SearchStrategy[torch.Tensor]:
-    """The shared ``tensors`` strategy, placed on the device under test."""
-    return tensors(**kwargs).map(on_device)
 
 
 def _dim(data: st.DataObject, x: torch.Tensor) -> int:
@@ -57,7 +45,7 @@ def _length(x: torch.Tensor, dim: int) -> int:
 
 
 @settings(max_examples=30)
-@given(x=device_tensors(dtypes=DTYPES, specials=True), data=st.data(), log=st.booleans())
+@given(x=tensors(dtypes=DTYPES, specials=True), data=st.data(), log=st.booleans())
 def test_forward_matches_torch(x: torch.Tensor, data: st.DataObject, log: bool) -> None:
     """softmax / log_softmax along any dim match torch, inf and nan lines included."""
     dim = _dim(data, x)
@@ -68,7 +56,7 @@ def test_forward_matches_torch(x: torch.Tensor, data: st.DataObject, log: bool) 
 
 
 @settings(max_examples=20)
-@given(x=device_tensors(dtypes=(torch.float16,)), data=st.data(), log=st.booleans())
+@given(x=tensors(dtypes=(torch.float16,)), data=st.data(), log=st.booleans())
 def test_half_to_float_gives_float32(x: torch.Tensor, data: st.DataObject, log: bool) -> None:
     """_softmax(half_to_float=True) of float16 returns float32 computed from the halves."""
     dim = _dim(data, x)
@@ -80,12 +68,12 @@ def test_half_to_float_gives_float32(x: torch.Tensor, data: st.DataObject, log: 
 
 
 @settings(max_examples=30)
-@given(y_src=device_tensors(dtypes=DTYPES), data=st.data(), log=st.booleans())
+@given(y_src=tensors(dtypes=DTYPES), data=st.data(), log=st.booleans())
 def test_backward_matches_torch(y_src: torch.Tensor, data: st.DataObject, log: bool) -> None:
     """The backward ops match torch's for any dim, with non-contiguous gradients."""
     dim = _dim(data, y_src)
     y = (torch.log_softmax if log else torch.softmax)(y_src, dim)
-    grad = data.draw(device_tensors(shape=y.shape, dtypes=(y.dtype,)))
+    grad = data.draw(tensors(shape=y.shape, dtypes=(y.dtype,)))
     ours = S.log_softmax_backward if log else S.softmax_backward
     theirs = aten._log_softmax_backward_data if log else aten._softmax_backward_data
     actual = ours(grad, y, dim, y.dtype)
