@@ -82,9 +82,8 @@ def fake_vendor(
     )
     module = FakeDeviceModule(count=count)
     saved_state, saved_explicit = _device._STATE, _device._EXPLICIT
-    registry_state = _registry._STATE
-    _registry._ensure_loaded()
-    if name not in _registry._STATE.vendors:
+    added = name not in _registry.vendor_names()
+    if added:
         _registry.register_vendor(info, source="gemshal.testing.fake_vendor")
     step = TraceStep("explicit", "chosen", "gemshal.testing.fake_vendor", name)
     _device._install(Detection(_registry.vendor(name), "explicit", (step,)), module)
@@ -92,6 +91,6 @@ def fake_vendor(
         yield module
     finally:
         _device._STATE, _device._EXPLICIT = saved_state, saved_explicit
-        _registry._STATE.vendors.pop(name, None)
-        _registry._STATE.sources.pop(name, None)
-        del registry_state
+        if added:  # leave a vendor that was registered before untouched
+            _registry._STATE.vendors.pop(name, None)
+            _registry._STATE.sources.pop(name, None)
