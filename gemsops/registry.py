@@ -48,6 +48,7 @@ OP_MODULES = (
     "gemsops.ops.matmul",
     "gemsops.ops.embedding",
     "gemsops.ops.loss",
+    "gemsops.ops.copy",
 )
 """Op modules, imported on first use (after gemshal has resolved the device)."""
 
