@@ -85,10 +85,7 @@ class _AtenLog(TorchDispatchMode):  # type: ignore[no-untyped-call]
 # Why the block's remaining aten ops stay with torch.
 NOT_SERVED_WHY = {
     "_unsafe_view.default": "a reshape under another name: metadata, no kernel",
-    "clone.default": "a plain memory copy (torch's copy kernel)",
-    "copy_.default": "a plain memory copy (torch's copy kernel)",
-    "cat.default": "concatenation of the q/k/v gradients: memory copies",
-    "ones_like.default": "the seed gradient of backward(): one allocation and fill",
+    "ones_like.default": "composite: torch allocates, and gemsops serves the fill_ it calls",
     "empty_like.default": "allocation only",
 }
 
