@@ -110,7 +110,7 @@ def _acc(dtype: torch.dtype) -> tuple[Any, torch.dtype]:
 def _check_input(x: Tensor, *others: Tensor | None) -> None:
     if x.layout != torch.strided or x.dtype not in _FLOATS:
         raise Unsupported(f"loss of a {x.layout} {x.dtype} input")
-    if x.dtype == torch.float64 and not gemshal.current_device().vendor.capabilities.fp64:
+    if x.dtype == torch.float64 and not gemshal.current_vendor().capabilities.fp64:
         raise Unsupported("float64 on a device without fp64")
     for t in others:
         if t is not None and (t.device != x.device or t.layout != torch.strided):

@@ -159,7 +159,7 @@ def _check(*tensors: Tensor) -> torch.dtype:
             raise Unsupported("operands of different dtypes")
     if dtype not in _FLOATS:
         raise Unsupported(f"matmul of {dtype}")
-    if dtype == torch.float64 and not gemshal.current_device().vendor.capabilities.fp64:
+    if dtype == torch.float64 and not gemshal.current_vendor().capabilities.fp64:
         raise Unsupported("float64 on a device without fp64")
     return dtype
 
@@ -208,7 +208,7 @@ def _launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, 
     if batch == 0 or M == 0 or N == 0:
         return
     dtype = a.dtype
-    interpreter = gemshal.current_device().interpreter
+    interpreter = gemshal.current_vendor().is_cpu  # the cpu vendor runs the interpreter
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     # The interpreter multiplies bf16 tiles as raw 16-bit integers; widen them first.
     upcast = interpreter and dtype == torch.bfloat16

@@ -56,7 +56,7 @@ def _rows(x: Tensor, normalized_shape: Sequence[int], *params: Tensor | None) ->
         if p is not None and (p.layout != torch.strided or p.dtype not in _FLOATS
                               or p.device != x.device or tuple(p.shape) != ns):
             raise Unsupported("weight/bias shape, dtype, layout or device unsupported")
-    if x.dtype == torch.float64 and not gemshal.current_device().vendor.capabilities.fp64:
+    if x.dtype == torch.float64 and not gemshal.current_vendor().capabilities.fp64:
         raise Unsupported("float64 on a device without fp64")
     N = math.prod(ns)
     M = x.numel() // N if N else math.prod(x.shape[: x.dim() - len(ns)])

@@ -142,13 +142,13 @@ def result_type(values: Sequence[Tensor | Number]) -> torch.dtype:
 @functools.cache
 def has_fp64() -> bool:
     """Whether the device's Triton backend handles float64."""
-    return bool(gemshal.current_device().vendor.capabilities.fp64)
+    return bool(gemshal.current_vendor().capabilities.fp64)
 
 
 @functools.cache
 def device_type() -> str:
     """The torch device type the kernels run on (``"cpu"`` under the interpreter)."""
-    return gemshal.current_device().torch_device.type
+    return gemshal.current_vendor().device_type
 
 
 def op_dtypes(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None,
