@@ -8,6 +8,7 @@ tests pass a :class:`StaticFacts` describing any machine.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -89,9 +90,8 @@ class LiveFacts:
     def __init__(self) -> None:
         self._cache: dict[tuple[str, str], object] = {}
 
-    def _memo(self, key: tuple[str, str], compute: object) -> object:
+    def _memo(self, key: tuple[str, str], compute: Callable[[], object]) -> object:
         if key not in self._cache:
-            assert callable(compute)
             self._cache[key] = compute()
         return self._cache[key]
 
