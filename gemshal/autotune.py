@@ -20,11 +20,20 @@ first launch (and again after :func:`gemshal.tune.clear_cache`). Then:
   ``cache_results=True`` where the installed Triton has it, so choices persist
   across processes in Triton's cache); after the first launch for a key the chosen
   config is launched directly, skipping the autotuner's per-call work.
+
+Tuning results are shared within a size bucket: integer key values are rounded up
+to a power of two, so 1000 and 1024 rows share one benchmark run, and a workload
+with varying token counts tunes once per bucket, not once per count.
+
+``GEMS_AUTOTUNE=0`` turns benchmarking off: each launch takes the first config its
+entry lists that survives the kernel's pruning. Correctness runs on a GPU use it
+to compile one config per kernel instead of all of them; unset or ``1`` tunes.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -41,6 +50,23 @@ Rule = Callable[[dict[str, Any]], Any]
 
 _PRUNE_KEYS = ("early_config_prune", "perf_model", "top_k")
 _NO_DTYPE = object()
+AUTOTUNE_ENV = "GEMS_AUTOTUNE"
+
+
+def _tuning_enabled() -> bool:
+    raw = os.environ.get(AUTOTUNE_ENV, "").strip()
+    if raw in ("", "1"):
+        return True
+    if raw == "0":
+        return False
+    raise ConfigError(f"{AUTOTUNE_ENV} must be 0 (launch each op's first config) or 1; got {raw!r}")
+
+
+def _bucket(value: Any) -> Any:
+    # Integers (not bools) round up to a power of two; anything else is its own key.
+    if type(value) is int and value > 0:
+        return 1 << (value - 1).bit_length()
+    return value
 
 
 def _check_names(param: str, names: Sequence[str], valid: Sequence[str]) -> tuple[str, ...]:
@@ -102,14 +128,19 @@ class _Kernel:
 class _Plan:
     """How an autotuned kernel launches under one tuning generation."""
 
-    __slots__ = ("chosen", "configs", "fixed", "tuner")
+    __slots__ = ("benchmark", "chosen", "configs", "fixed", "tuner")
 
     def __init__(
-        self, configs: tuple[TuneConfig, ...], fixed: dict[str, Any] | None, tuner: Any
+        self,
+        configs: tuple[TuneConfig, ...],
+        fixed: dict[str, Any] | None,
+        tuner: Any,
+        benchmark: bool = True,
     ) -> None:
         self.configs = configs
         self.fixed = fixed
         self.tuner = tuner
+        self.benchmark = benchmark
         self.chosen: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
@@ -161,7 +192,7 @@ class AutotunedKernel(_Kernel):
             elif len(configs) == 1:
                 plan = _Plan(configs, configs[0].to_triton().all_kwargs(), None)
             else:
-                plan = _Plan(configs, None, self._build(configs))
+                plan = _Plan(configs, None, self._build(configs), _tuning_enabled())
             self._plan = plan
             self._generation = generation
             return plan
@@ -198,16 +229,16 @@ class AutotunedKernel(_Kernel):
         return decorate(self.fn)
 
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        # At least as fine as Triton's autotuner key (key-argument values, then the
-        # dtype of every argument that has one), so one entry never serves two of its keys.
+        # Triton's autotuner key (key-argument values, then the dtype of every argument
+        # that has one), with integer values rounded up to their size bucket.
         if kwargs:
             named = dict(zip(self.arg_names, args, strict=False))
             named.update((k, v) for k, v in kwargs.items() if k in self._name_set)
-            parts = [named[k] for k in self.keys if k in named]
+            parts = [_bucket(named[k]) for k in self.keys if k in named]
             values: Sequence[Any] = list(named.values())
         else:
             values = args[: len(self.arg_names)]
-            parts = [values[i] for i in self._key_index if i < len(values)]
+            parts = [_bucket(values[i]) for i in self._key_index if i < len(values)]
         for value in values:
             dtype = getattr(value, "dtype", _NO_DTYPE)
             if dtype is not _NO_DTYPE:
@@ -227,12 +258,28 @@ class AutotunedKernel(_Kernel):
         chosen = plan.chosen.get(key)
         if chosen is not None:
             return self.fn.run(*args, grid=grid, warmup=False, **kwargs, **chosen)
+        if not plan.benchmark:
+            chosen = plan.chosen[key] = self._first_config(plan, args, kwargs)
+            return self.fn.run(*args, grid=grid, warmup=False, **kwargs, **chosen)
         with self._lock:
             result = plan.tuner.run(*args, grid=grid, warmup=False, **kwargs)
             best = getattr(plan.tuner, "best_config", None)
             if best is not None:
                 plan.chosen[key] = best.all_kwargs()
         return result
+
+
+    def _first_config(
+        self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The entry's first config that the kernel's pruning keeps (GEMS_AUTOTUNE=0)."""
+        configs = [c.to_triton() for c in plan.configs]
+        prune = (self.prune_configs_by or {}).get("early_config_prune")
+        if prune is not None:
+            named = dict(zip(self.arg_names, args, strict=False))
+            named.update(kwargs)
+            configs = list(prune(configs, named, **kwargs)) or configs
+        return dict(configs[0].all_kwargs())
 
 
 class HeuristicsKernel(_Kernel):

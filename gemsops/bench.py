@@ -230,9 +230,17 @@ def _copy_bandwidth(dev: torch.device, timer: Callable[[Thunk], float], tiny: bo
 
 
 def run_cases(
-    selected: list[BenchCase], *, interpreter: bool, dev: torch.device
+    selected: list[BenchCase],
+    *,
+    interpreter: bool,
+    dev: torch.device,
+    on_row: Callable[[float, list[dict[str, Any]]], None] = lambda copy, rows: None,
 ) -> tuple[float, list[dict[str, Any]]]:
-    """Time every case on every side; returns the copy bandwidth (GB/s) and the rows."""
+    """Time every case on every side; returns the copy bandwidth (GB/s) and the rows.
+
+    ``on_row(copy_gbs, rows)`` is called after each case, so a run cut short still
+    leaves the rows it finished.
+    """
     timer = _timer(interpreter)
     copy_gbs = _copy_bandwidth(dev, timer, interpreter)
     sides = _sides(_flag_gems())
@@ -256,6 +264,7 @@ def run_cases(
         if case.bytes:
             row["pct_copy"] = 100.0 * row["gemsops_gbs"] / copy_gbs
         rows.append(row)
+        on_row(copy_gbs, rows)
         del fn
     _progress(len(selected), len(selected), "done")
     return copy_gbs, rows
@@ -328,6 +337,10 @@ def _table(rows: list[dict[str, Any]], copy_gbs: float) -> str:
     if ratios:
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         lines.append(f"geometric mean vs torch: {geo:.3f}x over {len(ratios)} rows")
+    peer = [r["vs_flag_gems"] for r in rows if r.get("vs_flag_gems", 0) > 0]
+    if peer:
+        geo = math.exp(sum(math.log(x) for x in peer) / len(peer))
+        lines.append(f"geometric mean vs FlagGems: {geo:.3f}x over {len(peer)} rows")
     return "\n".join(lines)
 
 
@@ -374,6 +387,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--no-host", action="store_true", help="skip the host-overhead and import timings"
     )
+    p.add_argument(
+        "--tiny", action="store_true", help="the tiny cases only (the default without a GPU)"
+    )
+    p.add_argument(
+        "--from-json",
+        metavar="PATH",
+        help="print the table (and with --plot, draw the plot) of a saved run; time nothing",
+    )
     p.set_defaults(run=main)
 
 
@@ -390,38 +411,64 @@ def _filtered(all_cases: list[BenchCase], args: argparse.Namespace) -> Iterator[
             yield case
 
 
+def _report(result: dict[str, Any]) -> None:
+    dev = result["device"]
+    print(
+        f"gemsops bench on {dev.get('name')} ({dev.get('vendor')}, {dev.get('arch')}); "
+        f"torch {result['torch']}, triton {result['triton']}, "
+        f"FlagGems {result.get('flag_gems') or 'not installed'}"
+    )
+    print(_table(result["rows"], result["copy_gbs"]))
+    for r in result.get("host_us", []):
+        print("host " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else str(v)
+                                  for k, v in r.items()))
+    if "import" in result:
+        print("import " + ", ".join(f"{k} {v:.2f}" for k, v in result["import"].items()))
+
+
+def _save(result: dict[str, Any], path: str | None) -> None:
+    if path:
+        with open(path, "w") as fh:
+            json.dump(result, fh, indent=2)
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark and print the table; write JSON and a plot when asked."""
+    if args.from_json:
+        with open(args.from_json) as fh:
+            result = json.load(fh)
+    else:
+        result = measure(args)
+    _report(result)
+    if args.plot and not _plot(result["rows"], args.plot):
+        print("gemsops bench: matplotlib is not installed; no plot written", file=sys.stderr)
+    return 0
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Time the selected cases (then host overhead and import cost) and return the result."""
+    import triton
+
     dev = gemshal.current_device()
-    selected = list(_filtered(cases(tiny=dev.interpreter), args))
-    copy_gbs, rows = run_cases(selected, interpreter=dev.interpreter, dev=dev.torch_device)
-    print(f"gemsops bench on {dev.name} ({dev.vendor.name}, {dev.arch}); torch {torch.__version__}")
-    print(_table(rows, copy_gbs))
+    tiny = dev.interpreter or args.tiny
+    peer = _flag_gems()
     result: dict[str, Any] = {
         "device": dev.as_dict(),
         "torch": torch.__version__,
-        "copy_gbs": copy_gbs,
-        "rows": rows,
+        "triton": triton.__version__,
+        "flag_gems": getattr(peer, "__version__", None) if peer else None,
+        "copy_gbs": 0.0,
+        "rows": [],
     }
-    import triton
 
-    result["triton"] = triton.__version__
-    peer = _flag_gems()
-    result["flag_gems"] = getattr(peer, "__version__", None) if peer else None
+    def on_row(copy_gbs: float, rows: list[dict[str, Any]]) -> None:
+        result["copy_gbs"], result["rows"] = copy_gbs, rows
+        _save(result, args.json)
+
+    selected = list(_filtered(cases(tiny=tiny), args))
+    run_cases(selected, interpreter=dev.interpreter, dev=dev.torch_device, on_row=on_row)
     if not args.no_host and not dev.interpreter:
         result["host_us"] = host_overhead(dev.torch_device)
         result["import"] = import_cost()
-        for r in result["host_us"]:
-            print(
-                "host "
-                + ", ".join(
-                    f"{k} {v:.1f}" if isinstance(v, float) else str(v) for k, v in r.items()
-                )
-            )
-        print("import " + ", ".join(f"{k} {v:.2f}" for k, v in result["import"].items()))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-    if args.plot and not _plot(rows, args.plot):
-        print("gemsops bench: matplotlib is not installed; no plot written", file=sys.stderr)
-    return 0
+    _save(result, args.json)
+    return result

@@ -266,6 +266,8 @@ def test_several_configs_tune_once_per_key_then_launch_directly(
     assert tuner_runs == 1 and len(benched) == 6
     kernel[(1,)](x, n=8)
     assert tuner_runs == 1
+    kernel[(1,)](x, 7)  # 7 shares 8's size bucket: no second benchmark
+    assert tuner_runs == 1 and len(benched) == 6
     assert kernel.configs_for_current_device() == tuple(
         TuneConfig({"BLOCK": b}, num_warps=4) for b in (64, 128, 256)
     )
@@ -298,7 +300,8 @@ DTYPES = st.sampled_from([torch.float32, torch.float16, torch.int64])
     st.lists(st.sampled_from(["a", "b", "c", "d"]), unique=True),
 )
 def test_fast_path_key_is_tritons_key(values: list[Any], split: int, keys: list[str]) -> None:
-    """Property: the fast-path key is Triton's autotuner key with dtype objects for their names."""
+    """Property: the fast-path key is Triton's autotuner key with dtype objects for their names
+    and integers rounded up to a power of two (their size bucket)."""
 
     class Four(FakeJit):
         arg_names: ClassVar[list[str]] = ["a", "b", "c", "d"]
@@ -307,9 +310,36 @@ def test_fast_path_key_is_tritons_key(values: list[Any], split: int, keys: list[
     names = Four.arg_names
     args, kwargs = tuple(values[:split]), dict(zip(names[split:], values[split:], strict=True))
     ours = kernel._key(args, kwargs)
-    assert tuple(str(p) if isinstance(p, torch.dtype) else p for p in ours) == _triton_key(
-        names, keys, args, kwargs
+    bucket = {0: 0, 1: 1, 2: 2, 3: 4}
+    assert tuple(str(p) if isinstance(p, torch.dtype) else p for p in ours) == tuple(
+        bucket[p] if isinstance(p, int) else p for p in _triton_key(names, keys, args, kwargs)
     )
+
+
+def test_autotune_off_launches_first_config_without_benchmarking(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GEMS_AUTOTUNE=0: each key launches the entry's first config; nothing is benchmarked."""
+    (gpu_dir / "nvidia.toml").write_text("[ops.k.grid]\nBLOCK = [256, 64]\nnum_warps = [4]\n")
+    monkeypatch.setenv("GEMS_AUTOTUNE", "0")
+    benched: list[object] = []
+    real = triton.autotune
+    no_bench = lambda *b, **c: benched.append(1)  # noqa: E731
+    monkeypatch.setattr(triton, "autotune", lambda *a, **k: real(*a, **k, do_bench=no_bench))
+    fake = FakeJit()
+    kernel = at.autotune("k", key=["n"])(fake)
+    for n in (4, 100, 4):
+        kernel[(1,)](torch.empty(4), n)
+    assert benched == []
+    assert [launch["BLOCK"] for launch in fake.launches] == [256] * 3
+
+
+def test_autotune_env_rejects_other_values(gpu_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GEMS_AUTOTUNE value other than 0 or 1 is an error naming it."""
+    (gpu_dir / "nvidia.toml").write_text("[ops.k.grid]\nBLOCK = [256, 64]\nnum_warps = [4]\n")
+    monkeypatch.setenv("GEMS_AUTOTUNE", "fast")
+    with pytest.raises(ConfigError, match=r"GEMS_AUTOTUNE.*'fast'"):
+        at.autotune("k", key=["n"])(FakeJit())[(1,)](torch.empty(4), 4)
 
 
 # --- errors -----------------------------------------------------------------------------------

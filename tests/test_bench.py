@@ -11,9 +11,9 @@ from gemsops.cli import main
 
 
 def test_bench_tiny_mode_writes_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`gemsops bench` on the CPU times torch and gemsops per case and writes JSON rows."""
+    """`gemsops bench --tiny` times torch and gemsops per case and writes JSON rows."""
     out = tmp_path / "bench.json"
-    assert main(["bench", "--ops", "add,softmax", "--json", str(out)]) == 0
+    assert main(["bench", "--tiny", "--no-host", "--ops", "add,softmax", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "geometric mean vs torch" in printed
     result = json.loads(out.read_text())
@@ -28,3 +28,16 @@ def test_bench_rejects_unknown_ops() -> None:
     """An unknown --ops name stops the run with a message listing the known ops."""
     with pytest.raises(SystemExit, match="known"):
         main(["bench", "--ops", "nonsense"])
+
+
+def test_bench_table_renders_again_from_its_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--from-json` prints the same table from a saved run, without timing anything."""
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--tiny", "--no-host", "--ops", "sum", "--json", str(out)]) == 0
+    first = capsys.readouterr().out
+    assert main(["bench", "--from-json", str(out)]) == 0
+    again = capsys.readouterr().out
+    table = first[first.index("copy bandwidth") :]
+    assert table.strip() and table in again
