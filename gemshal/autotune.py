@@ -259,8 +259,7 @@ class AutotunedKernel(_Kernel):
         if chosen is not None:
             return self.fn.run(*args, grid=grid, warmup=False, **kwargs, **chosen)
         if not plan.benchmark:
-            chosen = plan.chosen[key] = self._first_config(plan, args, kwargs)
-            return self.fn.run(*args, grid=grid, warmup=False, **kwargs, **chosen)
+            return self._run_first(plan, key, args, grid, kwargs)
         with self._lock:
             result = plan.tuner.run(*args, grid=grid, warmup=False, **kwargs)
             best = getattr(plan.tuner, "best_config", None)
@@ -268,18 +267,36 @@ class AutotunedKernel(_Kernel):
                 plan.chosen[key] = best.all_kwargs()
         return result
 
+    def _run_first(
+        self,
+        plan: _Plan,
+        key: tuple[Any, ...],
+        args: tuple[Any, ...],
+        grid: Any,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Launch the entry's first config that the kernel's pruning keeps and that
+        compiles for this device (GEMS_AUTOTUNE=0): what the autotuner would have
+        tried, without timing any."""
+        from triton.runtime.errors import OutOfResources
 
-    def _first_config(
-        self, plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
-        """The entry's first config that the kernel's pruning keeps (GEMS_AUTOTUNE=0)."""
         configs = [c.to_triton() for c in plan.configs]
         prune = (self.prune_configs_by or {}).get("early_config_prune")
         if prune is not None:
             named = dict(zip(self.arg_names, args, strict=False))
             named.update(kwargs)
             configs = list(prune(configs, named, **kwargs)) or configs
-        return dict(configs[0].all_kwargs())
+        for i, config in enumerate(configs):
+            meta = dict(config.all_kwargs())
+            try:
+                result = self.fn.run(*args, grid=grid, warmup=False, **kwargs, **meta)
+            except OutOfResources:
+                if i == len(configs) - 1:
+                    raise
+                continue
+            plan.chosen[key] = meta
+            return result
+        raise ConfigError(f"tuning entry {self.op!r}: no config to launch")
 
 
 class HeuristicsKernel(_Kernel):

@@ -207,6 +207,7 @@ class FakeJit:
 def gpu_dir(tune_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A tuning directory, with a compiled-mode GPU context as the current one."""
     monkeypatch.setattr(tune, "current_context", lambda: GPU)
+    monkeypatch.delenv("GEMS_AUTOTUNE", raising=False)
     return tune_dir
 
 
@@ -382,3 +383,25 @@ def test_launch_errors_name_file_op_and_key(gpu_dir: Path) -> None:
         at.heuristics("r")(FakeJit())[(1,)](x, 1)
     with pytest.raises(ConfigError, match="'missing'"):
         at.autotune("missing")(FakeJit())[(1,)](x, 1)
+
+
+def test_autotune_off_skips_configs_the_device_cannot_run(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GEMS_AUTOTUNE=0: a config that runs out of shared memory gives way to the next one."""
+    from triton.runtime.errors import OutOfResources
+
+    (gpu_dir / "nvidia.toml").write_text("[ops.k.grid]\nBLOCK = [256, 64]\nnum_warps = [4]\n")
+    monkeypatch.setenv("GEMS_AUTOTUNE", "0")
+
+    class Small(FakeJit):
+        def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+            if kwargs["BLOCK"] > 64:
+                raise OutOfResources(kwargs["BLOCK"] * 1024, 228 * 1024, "shared memory")
+            super().run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    fake = Small()
+    kernel = at.autotune("k", key=["n"])(fake)
+    kernel[(1,)](torch.empty(4), 4)
+    kernel[(1,)](torch.empty(4), 4)
+    assert [launch["BLOCK"] for launch in fake.launches] == [64, 64]

@@ -11,6 +11,7 @@ bool). Strided tensors (``x[:, ::2].fill_(1)``) take the strided kernel.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +31,20 @@ def fill_(self: Tensor, value: Tensor | Number) -> Tensor:
     """Set every element of ``self`` to ``value`` (a number or a 0-dim tensor); returns self."""
     if isinstance(value, Tensor) and value.dim() != 0:
         raise Unsupported(f"fill_ takes a 0-dim value, got {value.dim()} dims")  # torch raises
+    if isinstance(value, Tensor) and _may_overflow(value.dtype, self.dtype):
+        v = value.item()
+        if math.isfinite(v) and abs(v) > torch.finfo(self.dtype).max:
+            # torch's own kernels differ here (CUDA refuses, the CPU gives inf): theirs decides.
+            raise Unsupported(f"fill_ value {v} overflows {self.dtype}")
     return run(FILL, (value,), out=self, inplace=True)
+
+
+def _may_overflow(source: torch.dtype, target: torch.dtype) -> bool:
+    return (
+        source.is_floating_point
+        and target.is_floating_point
+        and torch.finfo(source).max > torch.finfo(target).max
+    )
 
 
 def zero_(self: Tensor) -> Tensor:

@@ -113,13 +113,19 @@ UNARY: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
 }
 
 
+# Inputs gemsops hands to torch's own kernel by design: torch's CUDA abs takes bool (an
+# identity), its CPU abs refuses it; the registry passes the call on, so the user gets
+# whichever torch does on the device.
+HANDED_BACK = {("abs", torch.bool)}
+
+
 @pytest.mark.parametrize("name", sorted(UNARY))
 @given(data=st.data())
 def test_unary(name: str, data: st.DataObject) -> None:
     """Each unary op matches torch on every dtype torch takes, special values and layouts too."""
     ours, theirs = UNARY[name]
     x = data.draw(tensors(dtypes=EVERY, specials=True))
-    if not torch_accepts(theirs, x):
+    if not torch_accepts(theirs, x) or (name, x.dtype) in HANDED_BACK:
         with pytest.raises(Unsupported):
             ours(x)
         return
@@ -357,6 +363,11 @@ def test_inplace_variants(key: str, pair: tuple[torch.Tensor, torch.Tensor]) -> 
 
 def test_large_rank_and_strided_out() -> None:
     """Operands with more dims than the strided kernel takes, and strided outputs, still match."""
+    with torch.device(target_device()):
+        _large_rank_and_strided_out()
+
+
+def _large_rank_and_strided_out() -> None:
     a = torch.randn(2, 3, 2, 3, 2, 3, 2)[..., ::2].transpose(0, 5)
     b = torch.randn(1, 3, 1, 3, 1, 2, 1)
     check(pw.add(a, b), torch.add, a, b)
@@ -395,6 +406,11 @@ def test_unsupported_inputs() -> None:
 
 def test_empty_and_scalar_shapes() -> None:
     """0-size inputs give correctly shaped empty results; 0-dim inputs give 0-dim results."""
+    with torch.device(target_device()):
+        _empty_and_scalar_shapes()
+
+
+def _empty_and_scalar_shapes() -> None:
     e = torch.empty(0, 3)
     assert pw.add(e, torch.ones(3)).shape == (0, 3)
     assert act.exp(torch.empty(2, 0, dtype=torch.int32)).dtype == torch.float32
