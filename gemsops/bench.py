@@ -196,7 +196,7 @@ def _timer(interpreter: bool) -> Callable[[Thunk], float]:
     import triton.testing
 
     def device_time(fn: Thunk) -> float:
-        return float(triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median"))
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
     return device_time
 
@@ -297,6 +297,28 @@ def host_overhead(dev: torch.device, *, calls: int = 2000) -> list[dict[str, Any
     return rows
 
 
+def host_profile(dev: torch.device, path: str, *, calls: int = 2000) -> None:
+    """Write a cProfile of ``calls`` tiny adds through ``use_gems`` (time per function)."""
+    import cProfile
+    import io
+    import pstats
+
+    x = torch.randn(1024, device=dev)
+    with registry.use_gems():
+        for _ in range(50):
+            torch.add(x, x)
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(calls):
+            torch.add(x, x)
+        profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+    with open(path, "w") as fh:
+        fh.write(f"cProfile of {calls} x torch.add(x, x), x = 1024 floats, under use_gems\n")
+        fh.write(text.getvalue())
+
+
 def import_cost(runs: int = 3) -> dict[str, float]:
     """Fresh-process seconds: ``import torch, triton`` against ``import gemsops; enable()``."""
     scripts = {
@@ -388,6 +410,11 @@ def add_parser(sub: Any) -> None:
         "--no-host", action="store_true", help="skip the host-overhead and import timings"
     )
     p.add_argument(
+        "--profile-host",
+        metavar="PATH",
+        help="also write a cProfile of tiny adds through use_gems (where host time goes)",
+    )
+    p.add_argument(
         "--tiny", action="store_true", help="the tiny cases only (the default without a GPU)"
     )
     p.add_argument(
@@ -466,9 +493,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         _save(result, args.json)
 
     selected = list(_filtered(cases(tiny=tiny), args))
-    run_cases(selected, interpreter=dev.interpreter, dev=dev.torch_device, on_row=on_row)
     if not args.no_host and not dev.interpreter:
+        # First: they take seconds, and a run cut short by a time limit still has them.
         result["host_us"] = host_overhead(dev.torch_device)
         result["import"] = import_cost()
+        _save(result, args.json)
+        if args.profile_host:
+            host_profile(dev.torch_device, args.profile_host)
+    run_cases(selected, interpreter=dev.interpreter, dev=dev.torch_device, on_row=on_row)
     _save(result, args.json)
     return result
