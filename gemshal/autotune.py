@@ -128,7 +128,7 @@ class _Kernel:
 class _Plan:
     """How an autotuned kernel launches under one tuning generation."""
 
-    __slots__ = ("benchmark", "chosen", "configs", "fixed", "tuner")
+    __slots__ = ("benchmark", "chosen", "configs", "fixed", "too_big", "tuner")
 
     def __init__(
         self,
@@ -141,6 +141,9 @@ class _Plan:
         self.fixed = fixed
         self.tuner = tuner
         self.benchmark = benchmark
+        # GEMS_AUTOTUNE=0: (config, argument dtypes, keyword values) that ran out of
+        # resources, so later sizes skip them instead of compiling them again.
+        self.too_big: set[tuple[Any, ...]] = set()
         self.chosen: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
@@ -286,12 +289,19 @@ class AutotunedKernel(_Kernel):
             named = dict(zip(self.arg_names, args, strict=False))
             named.update(kwargs)
             configs = list(prune(configs, named, **kwargs)) or configs
+        dtypes = tuple(getattr(a, "dtype", None) for a in args)
+        fixed = tuple(sorted((k, v) for k, v in kwargs.items() if not hasattr(v, "dtype")))
         for i, config in enumerate(configs):
             meta = dict(config.all_kwargs())
+            memo = (tuple(sorted(meta.items())), dtypes, fixed)
+            last = i == len(configs) - 1
+            if memo in plan.too_big and not last:
+                continue
             try:
                 result = self.fn.run(*args, grid=grid, warmup=False, **kwargs, **meta)
             except OutOfResources:
-                if i == len(configs) - 1:
+                plan.too_big.add(memo)
+                if last:
                     raise
                 continue
             plan.chosen[key] = meta

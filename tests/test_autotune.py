@@ -400,8 +400,17 @@ def test_autotune_off_skips_configs_the_device_cannot_run(
                 raise OutOfResources(kwargs["BLOCK"] * 1024, 228 * 1024, "shared memory")
             super().run(*args, grid=grid, warmup=warmup, **kwargs)
 
-    fake = Small()
+    tried: list[int] = []
+
+    class Counting(Small):
+        def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+            tried.append(kwargs["BLOCK"])
+            super().run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    fake = Counting()
     kernel = at.autotune("k", key=["n"])(fake)
     kernel[(1,)](torch.empty(4), 4)
     kernel[(1,)](torch.empty(4), 4)
-    assert [launch["BLOCK"] for launch in fake.launches] == [64, 64]
+    kernel[(1,)](torch.empty(4), 100)  # a new size does not try the config that failed
+    assert [launch["BLOCK"] for launch in fake.launches] == [64, 64, 64]
+    assert tried == [256, 64, 64, 64]
