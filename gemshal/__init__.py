@@ -16,6 +16,7 @@ from gemshal.device import detection as detection
 from gemshal.device import detection_trace as detection_trace
 from gemshal.device import device_guard as device_guard
 from gemshal.device import device_module as device_module
+from gemshal.device import device_of as device_of
 from gemshal.device import get_device as get_device
 from gemshal.device import select as select
 from gemshal.errors import AmbiguousDeviceError as AmbiguousDeviceError
@@ -63,6 +64,7 @@ __all__ = [
     "detection_trace",
     "device_guard",
     "device_module",
+    "device_of",
     "get_device",
     "plugin_failures",
     "register_vendor",

@@ -327,6 +327,20 @@ def _index_of(device: object, state: _State) -> int | None:
     return dev.index
 
 
+def _cached_index(device: object, state: _State) -> int | None:
+    if isinstance(device, torch.Tensor):
+        device = device.device
+    kind = type(device)
+    if kind is torch.device or kind is str or kind is int:
+        # Launch paths ask about the same few devices over and over: remember each answer.
+        try:
+            return state.indices[device]
+        except KeyError:
+            index = state.indices[device] = _index_of(device, state)
+            return index
+    return _index_of(device, state)
+
+
 _CPU = torch.device("cpu")
 _NO_GUARD = DeviceGuard(None, None)  # shared: entering and leaving it does nothing
 
@@ -343,20 +357,28 @@ def device_guard(device: torch.device | torch.Tensor | int | str) -> DeviceGuard
             of range (the message names the value and the valid ones).
     """
     state = _STATE or _state()
-    if isinstance(device, torch.Tensor):
-        device = device.device
-    kind = type(device)
-    if kind is torch.device or kind is str or kind is int:
-        # Launch paths guard the same few devices over and over: remember each answer.
-        try:
-            index = state.indices[device]
-        except KeyError:
-            index = state.indices[device] = _index_of(device, state)
-    else:
-        index = _index_of(device, state)
+    index = _cached_index(device, state)
     if index is None:
         return _NO_GUARD
     return DeviceGuard(index, state.module)
+
+
+def device_of(device: torch.device | torch.Tensor | int | str) -> Device:
+    """The record of the device a tensor lives on (or of a device, an index, a string).
+
+    Launch paths size their grids with it (``device_of(x).multiprocessor_count``), so a
+    tensor on ``cuda:1`` is planned for ``cuda:1`` whichever device is current. A CPU
+    tensor, and an index-less device such as ``"cuda"``, give the current device.
+
+    Raises:
+        DeviceGuardError: the value is not a device of this vendor, or its index is out
+            of range (as :func:`device_guard`).
+    """
+    state = _STATE or _state()
+    index = _cached_index(device, state)
+    if index is None:
+        return current_device()
+    return state.devices.get(index) or get_device(index)
 
 
 def _reset() -> None:

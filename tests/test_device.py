@@ -157,3 +157,17 @@ def test_device_module_is_the_vendors_module() -> None:
     assert gemshal.device_module() is before is not mod
     expected = torch.cpu if ON_CPU else getattr(torch, gemshal.current_vendor().device_module_name)
     assert before is expected
+
+
+def test_device_of_names_the_operands_device_not_the_current_one() -> None:
+    """device_of() gives the record of the device a value names, whichever device is current;
+    the CPU and an index-less device give the current one; a foreign device is an error."""
+    with fake_vendor(count=3) as mod:
+        assert gemshal.device_of(torch.device("meta", 2)).index == 2
+        assert gemshal.device_of("meta:1") is gemshal.get_device(1)
+        assert mod.current == 0 and mod.switches == []
+        mod.current = 1
+        assert gemshal.device_of(torch.zeros(1)) is gemshal.get_device(1)
+        assert gemshal.device_of("meta").index == 1
+        with pytest.raises(DeviceGuardError, match=r"'cuda:0'.*not a fakegpu device"):
+            gemshal.device_of("cuda:0")

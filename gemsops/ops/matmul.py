@@ -170,7 +170,7 @@ def _scalar(value: Any, name: str) -> float:
     return float(value)
 
 
-def _split_k(batch: int, M: int, N: int, K: int) -> int:
+def _split_k(batch: int, M: int, N: int, K: int, sms: int) -> int:
     """How many programs share each output tile along K (1: no split).
 
     Decode-like products (few rows, long K) have too few output tiles to occupy every
@@ -179,7 +179,6 @@ def _split_k(batch: int, M: int, N: int, K: int) -> int:
     """
     if batch != 1 or M > 64 or K < 1024:
         return 1
-    sms = gemshal.current_device().multiprocessor_count
     tiles = triton.cdiv(M, 64) * triton.cdiv(N, 128)
     split = min(16, sms // max(tiles, 1), K // 512)
     return 1 if split < 2 else 1 << (split.bit_length() - 1)
@@ -212,7 +211,10 @@ def _launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, 
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     # The interpreter multiplies bf16 tiles as raw 16-bit integers; widen them first.
     upcast = interpreter and dtype == torch.bfloat16
-    split = _split_k(batch, M, N, K) if split_k is None else split_k
+    if split_k is None:
+        split = _split_k(batch, M, N, K, gemshal.device_of(a).multiprocessor_count)
+    else:
+        split = split_k
     s = bias if bias is not None else c
     sa, sb, sc, ss = _strides3(a), _strides3(b), _strides3(c), _strides3(s)
     precision = _precision(dtype)

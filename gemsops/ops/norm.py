@@ -111,7 +111,7 @@ def _param_grads(dy2: Tensor, sdy: int, x2: Tensor, sx: int, mean: Tensor, rstd:
     acc_tl, acc_t = _acc(x2.dtype)
     # Row slices per column block: enough programs to fill the device, slices of >= 32 rows.
     # No rows (M = 0): no partials, and the column sums below write zeros.
-    parts = min(triton.cdiv(M, 32), 4 * gemshal.current_device().multiprocessor_count)
+    parts = min(triton.cdiv(M, 32), 4 * gemshal.device_of(x2).multiprocessor_count)
     rows_per = triton.cdiv(M, max(parts, 1))
     parts = triton.cdiv(M, rows_per) if M else 0
     dev = x2.device

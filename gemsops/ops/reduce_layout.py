@@ -360,16 +360,16 @@ def split(lay: Layout) -> tuple[int, int]:
     tall matrix) are split so the whole device works; a second launch combines the
     partial results. Returns ``(splits, chunk)``; ``splits == 1`` means one pass.
     """
-    return split_sizes(lay.M, lay.N, lay.K)
+    return split_sizes(lay.M, lay.N, lay.K, gemshal.device_of(lay.src).multiprocessor_count)
 
 
-def split_sizes(m: int, n: int, k: int) -> tuple[int, int]:
+def split_sizes(m: int, n: int, k: int, sms: int) -> tuple[int, int]:
     """:func:`split` for an (M, N, K) problem given by its sizes."""
     width = 1 if k == 1 else min(k, MID_WIDTH)
     if m * n * k < SPLIT_MIN_TOTAL or n * width < 2 * SPLIT_MIN_CHUNK:
         return 1, max(n, 1)
     programs = m if k == 1 else m * -(-k // MID_WIDTH)
-    target = SPLIT_WAVES * max(1, gemshal.current_device().multiprocessor_count)
+    target = SPLIT_WAVES * max(1, sms)
     if programs >= target:
         return 1, n
     want = min(-(-target // programs), n * width // SPLIT_MIN_CHUNK)

@@ -111,14 +111,27 @@ def test_split_k_matches_unsplit(data: st.DataObject, m: int, n: int, k: int, sp
 def test_split_k_chosen_for_decode_shapes() -> None:
     """The host splits K (a power of two, at most 16) only for an unbatched small-M, long-K
     product with fewer output tiles than the device has multiprocessors."""
-    split = MM._split_k(1, 1, 128, 16384)
-    if gemshal.current_device().multiprocessor_count >= 2:
-        assert 2 <= split <= 16 and split & (split - 1) == 0
-    else:
-        assert split == 1
-    assert MM._split_k(2, 1, 128, 16384) == 1  # batched
-    assert MM._split_k(1, 512, 512, 16384) == 1  # large M
-    assert MM._split_k(1, 4, 64, 512) == 1  # short K
+    split = MM._split_k(1, 1, 128, 16384, 132)
+    assert 2 <= split <= 16 and split & (split - 1) == 0
+    assert MM._split_k(1, 1, 128, 16384, 1) == 1  # one multiprocessor: nothing to fill
+    assert MM._split_k(2, 1, 128, 16384, 132) == 1  # batched
+    assert MM._split_k(1, 512, 512, 16384, 132) == 1  # large M
+    assert MM._split_k(1, 4, 64, 512, 132) == 1  # short K
+
+
+def test_split_k_sized_for_the_operands_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mm sizes its K split from the device its operands live on (gemshal.device_of)."""
+    seen: list[object] = []
+    real = gemshal.device_of
+
+    def spy(x: object) -> gemshal.Device:
+        seen.append(x)
+        return real(x)
+
+    monkeypatch.setattr(gemshal, "device_of", spy)
+    a = torch.randn(2, 3, device=DEV)
+    MM.mm(a, torch.randn(3, 4, device=DEV))
+    assert any(x is a for x in seen)
 
 
 @given(data=st.data(), dtype=st.sampled_from(DTYPES), m=SIZES, n=SIZES, k=SIZES,
