@@ -68,13 +68,15 @@ def _rows(
     n: int,
     dtype: torch.dtype,
     out_numel: int | None = None,
+    dim: int = -1,
 ) -> BenchCase:
     def make(dev: torch.device) -> Thunk:
         x = torch.randn(m, n, device=dev, dtype=dtype)
         return lambda: fn(x)
 
     out = m * n if out_numel is None else out_numel
-    return BenchCase(op, f"{op} {m}x{n}", dtype, make, bytes=_nbytes(dtype, m * n, out))
+    label = f"{op} {m}x{n}" if dim == -1 else f"{op}(dim={dim}) {m}x{n}"
+    return BenchCase(op, label, dtype, make, bytes=_nbytes(dtype, m * n, out))
 
 
 def _norm(op: str, m: int, n: int, dtype: torch.dtype) -> BenchCase:
@@ -151,7 +153,7 @@ def cases(*, tiny: bool) -> list[BenchCase]:
         _rows("sum", lambda x: x.sum(-1), 16384, 16384, bf16, out_numel=16384),
         _rows("amax", lambda x: x.amax(-1), 16384, 16384, bf16, out_numel=16384),
         _rows("argmax", lambda x: x.argmax(-1), 16384, 16384, bf16, out_numel=4 * 16384),
-        _rows("sum", lambda x: x.sum(0), 16384, 16384, bf16, out_numel=16384),
+        _rows("sum", lambda x: x.sum(0), 16384, 16384, bf16, out_numel=16384, dim=0),
         _rows("var_mean", lambda x: torch.var_mean(x, -1), 8192, 8192, f32, out_numel=16384),
         _rows("cumsum", lambda x: x.cumsum(-1), 8192, 8192, f32),
         _rows("softmax", lambda x: torch.softmax(x, -1), 16384, 16384, bf16),
@@ -375,25 +377,35 @@ def _plot(rows: list[dict[str, Any]], path: str) -> bool:
     except ImportError:
         return False
     labels = [r["case"] for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 0.35 * len(rows) + 2))
-    ax1.barh(labels, [r["vs_torch"] for r in rows], color="tab:blue", label="gemsops / torch")
-    if any("vs_flag_gems" in r for r in rows):
+    y = list(range(len(rows)))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 0.4 * len(rows) + 2))
+    peer = any("vs_flag_gems" in r for r in rows)
+    height = 0.4 if peer else 0.8
+    ax1.barh(
+        [i - height / 2 if peer else i for i in y],
+        [r["vs_torch"] for r in rows],
+        height=height,
+        color="tab:blue",
+        label="gemsops / torch",
+    )
+    if peer:
         ax1.barh(
-            labels,
+            [i + height / 2 for i in y],
             [r.get("vs_flag_gems", 0) for r in rows],
+            height=height,
             color="tab:orange",
-            alpha=0.5,
             label="gemsops / FlagGems",
         )
+    ax1.set_yticks(y, labels)
     ax1.axvline(1.0, color="k", lw=0.8)
     ax1.set_xlabel("speedup (higher is better)")
     ax1.legend()
     ax1.invert_yaxis()
-    ax2.barh(labels, [r.get("pct_copy", 0) for r in rows], color="tab:green")
+    ax2.barh(y, [r.get("pct_copy", 0) for r in rows], color="tab:green")
+    ax2.set_yticks(y, [""] * len(y))
     ax2.axvline(90, color="r", lw=0.8, ls="--")
     ax2.set_xlabel("gemsops bandwidth, % of copy")
     ax2.invert_yaxis()
-    ax2.set_yticklabels([])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True
