@@ -370,7 +370,7 @@ def _table(rows: list[dict[str, Any]], copy_gbs: float) -> str:
 
 def _plot(rows: list[dict[str, Any]], path: str) -> bool:
     try:
-        import matplotlib  # type: ignore[import-not-found]
+        import matplotlib  # type: ignore[import-not-found,unused-ignore]
 
         matplotlib.use("Agg")
         from matplotlib import pyplot as plt
