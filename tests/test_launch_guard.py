@@ -50,3 +50,27 @@ def test_launch_path_guards_the_input_device(name: str, monkeypatch: pytest.Monk
     assert sum(rec.served.values()) >= 1, rec
     assert seen, "no launch went through gemshal.device_guard"
     assert all(torch.device(s).type == dev.type for s in seen)
+
+
+def _two_devices() -> bool:
+    vendor = gemshal.current_vendor()
+    return not vendor.is_cpu and gemshal.current_device().count >= 2
+
+
+@pytest.mark.skipif(not _two_devices(), reason="needs two devices of one vendor")
+@pytest.mark.parametrize("name", sorted(_cases()))
+def test_op_on_a_device_that_is_not_current(name: str) -> None:
+    """With device 0 current, the op on device 1's tensors runs there, gives torch's
+    answer, and leaves device 0 current."""
+    module = gemshal.device_module()
+    module.set_device(0)
+    other = torch.device(gemshal.current_vendor().device_type, 1)
+    torch.manual_seed(0)
+    expected = _cases()[name](other)
+    torch.manual_seed(0)
+    with gemsops.use_gems(), gemsops.record() as rec:
+        got = _cases()[name](other)
+    assert sum(rec.served.values()) >= 1, rec
+    assert got.device == other
+    assert module.current_device() == 0
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
