@@ -112,6 +112,7 @@ def _threshold_backward(g, x, th):
 
 _FLOAT_RESULTS = ("exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh")
 UNARY = {name: Op(name, getattr(M, name), "p", P.INT_TO_FLOAT) for name in _FLOAT_RESULTS}
+UNARY["exp"] = Op("exp", M.exp, "p", P.INT_TO_FLOAT, half_body=M.exp_half)
 UNARY["sigmoid"] = Op("sigmoid", _sigmoid, "p", P.INT_TO_FLOAT)
 UNARY["relu"] = Op("relu", _relu, "p", dtypes=_NO_BOOL)
 UNARY["silu"] = Op("silu", _silu, "p", dtypes=FLOAT_DTYPES)

@@ -42,12 +42,16 @@ def _tl(dtype: torch.dtype | None) -> Any:
     return None if dtype is None else TL_DTYPES[dtype]
 
 
+_HALVES = (torch.float16, torch.bfloat16)
+
+
 def _meta(op: PointwiseOp, kinds: Sequence[int], casts: Sequence[tuple[Any, Any]],
           result: torch.dtype, out_dtype: torch.dtype) -> dict[str, Any]:
     kinds = [*kinds, VALUE, VALUE, VALUE][:3]
     casts = [*casts, (None, None), (None, None)][:3]
     return {
-        "OP": op.body, "NARGS": len(op.roles),
+        "OP": op.half_body if op.half_body is not None and result in _HALVES else op.body,
+        "NARGS": len(op.roles),
         "K0": kinds[0], "K1": kinds[1], "K2": kinds[2],
         "V0": _tl(casts[0][0]), "V1": _tl(casts[1][0]), "V2": _tl(casts[2][0]),
         "T0": _tl(casts[0][1]), "T1": _tl(casts[1][1]), "T2": _tl(casts[2][1]),

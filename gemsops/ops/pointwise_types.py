@@ -60,6 +60,8 @@ class PointwiseOp:
             multiplies by float32 0.1); ``"common"``, to the common dtype first
             (comparisons, pow); ``"checked"``, to the common dtype refusing values out of
             its range, as ``Scalar.to<T>()`` (clamp, fill values).
+        half_body: A cheaper element function for float16 and bfloat16 results, whose
+            error stays far below half an ulp of those types; None: ``body`` always.
     """
 
     name: str
@@ -68,6 +70,7 @@ class PointwiseOp:
     promotion: Promotion = Promotion.DEFAULT
     dtypes: frozenset[torch.dtype] = ALL_DTYPES
     scalars: str = "compute"
+    half_body: Any = None
 
 
 # --- dtypes -----------------------------------------------------------------------

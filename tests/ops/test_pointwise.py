@@ -476,3 +476,22 @@ def test_impl_entries_match_aten(key: str) -> None:
     actual = pw.IMPLS[key](*args, **kwargs)
     assert actual.dtype == expected.dtype and actual.shape == expected.shape, key
     assert_close(actual, expected)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "half"),
+    [(torch.float16, True), (torch.bfloat16, True), (torch.float32, False), (torch.int32, False)],
+)
+def test_exp_takes_the_single_exponential_only_for_half_results(
+    dtype: torch.dtype, half: bool
+) -> None:
+    """exp's range-reduced body serves float32 results; half results take tl.exp, whose
+    error is far below their half ulp, and still match the float64 reference."""
+    from gemsops.ops import pointwise_iterator as it
+    from gemsops.ops import pointwise_math as pm
+
+    x = torch.linspace(-20, 11, 97, dtype=torch.float32).to(dtype).to(target_device())
+    plan = it._plan(act.UNARY["exp"], [x], None)
+    assert plan is not None
+    assert plan.meta["OP"] is (pm.exp_half if half else pm.exp)
+    check(act.exp(x), torch.exp, x)
