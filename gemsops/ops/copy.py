@@ -33,7 +33,7 @@ from gemsops.errors import Unsupported
 from gemsops.ops.pointwise_arith import COPY
 from gemsops.ops.pointwise_codegen import TL_DTYPES
 from gemsops.ops.pointwise_iterator import run
-from gemsops.ops.pointwise_types import device_type, has_fp64
+from gemsops.ops.pointwise_types import check_fp64, device_type
 
 __all__ = ["IMPLS", "cat", "clone"]
 
@@ -48,8 +48,7 @@ def _check_input(t: Tensor, what: str) -> None:
         raise Unsupported(f"{what}: layout {t.layout}")
     if t.dtype not in TL_DTYPES:
         raise Unsupported(f"{what}: dtype {t.dtype}")
-    if t.dtype == torch.float64 and not has_fp64():
-        raise Unsupported("float64 on a device without fp64")
+    check_fp64(t.dtype)
     if t.is_neg() or t.is_conj():
         raise Unsupported(f"{what}: a lazily negated or conjugated view")
     if t.device.type != device_type():
@@ -128,8 +127,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
             raise Unsupported(f"tensors on {device} and {t.device}")
         _check_input(t, "cat")
     dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
-    if dtype == torch.float64 and not has_fp64():
-        raise Unsupported("float64 on a device without fp64")
+    check_fp64(dtype)
     parts = [t for t in tensors if not _skipped(t)]
     fmt = _output_format(tensors)
     if not parts:

@@ -25,6 +25,7 @@ from torch import Tensor
 import gemshal
 from gemshal.autotune import autotune
 from gemsops.errors import Unsupported
+from gemsops.ops.pointwise_types import check_fp64
 
 __all__ = ["IMPLS", "embedding", "embedding_dense_backward"]
 
@@ -144,8 +145,7 @@ def _lookup(weight: Tensor, indices: Tensor, padding_idx: int = -1,
         raise Unsupported("embedding table must be a 2-D strided tensor of a real dtype")
     if weight.device != indices.device:
         raise Unsupported("table and indices on different devices")
-    if weight.dtype == torch.float64 and not gemshal.current_vendor().capabilities.fp64:
-        raise Unsupported("float64 on a device without fp64")
+    check_fp64(weight.dtype)
     V, D = weight.shape
     flat = _check_indices(indices, V)
     n = flat.numel()
@@ -208,8 +208,7 @@ def embedding_dense_backward(grad_output: Tensor, indices: Tensor, num_weights: 
         raise Unsupported("gradient and indices on different devices")
     if torch.are_deterministic_algorithms_enabled():
         raise Unsupported("atomic accumulation is not deterministic")
-    if grad_output.dtype == torch.float64 and not gemshal.current_vendor().capabilities.fp64:
-        raise Unsupported("float64 on a device without fp64")
+    check_fp64(grad_output.dtype)
     if tuple(grad_output.shape[:-1]) != tuple(indices.shape) and grad_output.numel():
         raise Unsupported("grad_output does not match the indices")
     V, D = int(num_weights), grad_output.shape[-1]

@@ -20,6 +20,7 @@ from torch import Tensor
 import gemshal
 from gemshal.autotune import autotune
 from gemsops.errors import Unsupported
+from gemsops.ops.pointwise_types import check_fp64
 
 __all__ = ["IMPLS", "nll_loss", "nll_loss_backward", "nll_loss_forward"]
 
@@ -110,8 +111,7 @@ def _acc(dtype: torch.dtype) -> tuple[Any, torch.dtype]:
 def _check_input(x: Tensor, *others: Tensor | None) -> None:
     if x.layout != torch.strided or x.dtype not in _FLOATS:
         raise Unsupported(f"loss of a {x.layout} {x.dtype} input")
-    if x.dtype == torch.float64 and not gemshal.current_vendor().capabilities.fp64:
-        raise Unsupported("float64 on a device without fp64")
+    check_fp64(x.dtype)
     for t in others:
         if t is not None and (t.device != x.device or t.layout != torch.strided):
             raise Unsupported("loss arguments on different devices or layouts")

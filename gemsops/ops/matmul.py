@@ -21,6 +21,7 @@ from torch import Tensor
 import gemshal
 from gemshal.autotune import autotune
 from gemsops.errors import Unsupported
+from gemsops.ops.pointwise_types import check_fp64
 
 __all__ = ["IMPLS", "addmm", "bmm", "mm"]
 
@@ -159,8 +160,7 @@ def _check(*tensors: Tensor) -> torch.dtype:
             raise Unsupported("operands of different dtypes")
     if dtype not in _FLOATS:
         raise Unsupported(f"matmul of {dtype}")
-    if dtype == torch.float64 and not gemshal.current_vendor().capabilities.fp64:
-        raise Unsupported("float64 on a device without fp64")
+    check_fp64(dtype)
     return dtype
 
 

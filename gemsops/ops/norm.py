@@ -27,6 +27,7 @@ import gemshal
 from gemsops.errors import Unsupported
 from gemsops.ops.norm_kernels import KERNELS as _KERNELS
 from gemsops.ops.norm_kernels import column_sum_kernel as _column_sum_kernel
+from gemsops.ops.pointwise_types import check_fp64
 
 __all__ = [
     "IMPLS",
@@ -56,8 +57,7 @@ def _rows(x: Tensor, normalized_shape: Sequence[int], *params: Tensor | None) ->
         if p is not None and (p.layout != torch.strided or p.dtype not in _FLOATS
                               or p.device != x.device or tuple(p.shape) != ns):
             raise Unsupported("weight/bias shape, dtype, layout or device unsupported")
-    if x.dtype == torch.float64 and not gemshal.current_vendor().capabilities.fp64:
-        raise Unsupported("float64 on a device without fp64")
+    check_fp64(x.dtype)
     N = math.prod(ns)
     M = x.numel() // N if N else math.prod(x.shape[: x.dim() - len(ns)])
     if N == 0 and M != 0:

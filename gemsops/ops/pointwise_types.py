@@ -24,8 +24,20 @@ import gemshal
 from gemsops.errors import Unsupported
 from gemsops.ops.pointwise_codegen import BITS64, TL_DTYPES, VALUE
 
-__all__ = ["ALL_DTYPES", "FLOAT_DTYPES", "PointwiseOp", "Promotion", "casts", "device_type",
-           "has_fp64", "op_dtypes", "overflows", "result_type", "scalar_arg"]
+__all__ = [
+    "ALL_DTYPES",
+    "FLOAT_DTYPES",
+    "PointwiseOp",
+    "Promotion",
+    "casts",
+    "check_fp64",
+    "device_type",
+    "has_fp64",
+    "op_dtypes",
+    "overflows",
+    "result_type",
+    "scalar_arg",
+]
 
 Number = bool | int | float
 ALL_DTYPES = frozenset(TL_DTYPES)
@@ -146,6 +158,12 @@ def result_type(values: Sequence[Tensor | Number]) -> torch.dtype:
 def has_fp64() -> bool:
     """Whether the device's Triton backend handles float64."""
     return bool(gemshal.current_vendor().capabilities.fp64)
+
+
+def check_fp64(dtype: torch.dtype) -> None:
+    """Raise Unsupported for float64 on a vendor whose Triton backend has no fp64."""
+    if dtype == torch.float64 and not gemshal.current_vendor().capabilities.fp64:
+        raise Unsupported("float64 on a device without fp64")
 
 
 @functools.cache
