@@ -357,14 +357,11 @@ def _table(rows: list[dict[str, Any]], copy_gbs: float) -> str:
             f"{r['case']:<36} {r['dtype']:<9} {r['torch_ms']:>9.4f} {r['gemsops_ms']:>9.4f} "
             f"{r['vs_torch']:>8.2f} {vs_fg:>7} {perf:>14} {pct:>6}"
         )
-    ratios = [r["vs_torch"] for r in rows if r["vs_torch"] > 0]
-    if ratios:
-        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-        lines.append(f"geometric mean vs torch: {geo:.3f}x over {len(ratios)} rows")
-    peer = [r["vs_flag_gems"] for r in rows if r.get("vs_flag_gems", 0) > 0]
-    if peer:
-        geo = math.exp(sum(math.log(x) for x in peer) / len(peer))
-        lines.append(f"geometric mean vs FlagGems: {geo:.3f}x over {len(peer)} rows")
+    for key, name in (("vs_torch", "torch"), ("vs_flag_gems", "FlagGems")):
+        ratios = [r[key] for r in rows if r.get(key, 0) > 0]
+        if ratios:
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+            lines.append(f"geometric mean vs {name}: {geo:.3f}x over {len(ratios)} rows")
     return "\n".join(lines)
 
 
