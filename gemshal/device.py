@@ -350,7 +350,7 @@ def device_guard(device: torch.device | torch.Tensor | int | str) -> DeviceGuard
 
     Accepts a ``torch.device``, a tensor (its device), an index, or a string such as
     ``"cuda:1"``. It restores on exceptions too, nests, and costs next to nothing when
-    the device is the CPU or already current.
+    the device is the CPU, the process's only device, or already current.
 
     Raises:
         DeviceGuardError: the value is not a device of this vendor, or its index is out
@@ -358,7 +358,8 @@ def device_guard(device: torch.device | torch.Tensor | int | str) -> DeviceGuard
     """
     state = _STATE or _state()
     index = _cached_index(device, state)
-    if index is None:
+    if index is None or state.count == 1:
+        # The CPU, or the only device there is (always current): nothing to switch.
         return _NO_GUARD
     return DeviceGuard(index, state.module)
 

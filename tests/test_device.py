@@ -171,3 +171,15 @@ def test_device_of_names_the_operands_device_not_the_current_one() -> None:
         assert gemshal.device_of("meta").index == 1
         with pytest.raises(DeviceGuardError, match=r"'cuda:0'.*not a fakegpu device"):
             gemshal.device_of("cuda:0")
+
+
+def test_guard_with_a_single_device_switches_nothing() -> None:
+    """With one device, guarding it is the shared no-op guard: no runtime call per launch."""
+    with fake_vendor(count=1) as mod:
+        assert gemshal.device_guard(0) is gemshal.device_guard("meta:0")
+        assert gemshal.device_guard(0) is gemshal.device_guard("cpu")
+        with gemshal.device_guard(torch.device("meta", 0)):
+            pass
+        assert mod.switches == []
+        with pytest.raises(DeviceGuardError, match=r"valid indices are 0\.\.0"):
+            gemshal.device_guard(1)
