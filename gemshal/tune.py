@@ -272,7 +272,11 @@ def lookup(op: str, *, context: TuneContext | None = None) -> OpTuning:
         if entry is not None:
             return entry
         searched.append(f"{source.path} ({source.level}, {source.origin})")
-    where = "\n  ".join(searched) or "(no tuning directories are registered)"
+    where = "\n  ".join(searched) or (
+        "(no tuning directories are registered: installed packages declare theirs in the "
+        f"{TUNE_DIRS_GROUP!r} entry-point group, importing gemsops registers its own, "
+        "and gemshal.tune.add_tune_dir() adds one)"
+    )
     raise ConfigError(
         f"no tuning config for op {op!r} on {ctx.vendor} {ctx.arch}; searched, in order:\n  {where}"
     )
