@@ -12,6 +12,7 @@ harness works.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -21,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, TextIO
 
 import attrs
 import torch
@@ -237,11 +238,13 @@ def run_cases(
     interpreter: bool,
     dev: torch.device,
     on_row: Callable[[float, list[dict[str, Any]]], None] = lambda copy, rows: None,
+    profile: TextIO | None = None,
 ) -> tuple[float, list[dict[str, Any]]]:
     """Time every case on every side; returns the copy bandwidth (GB/s) and the rows.
 
     ``on_row(copy_gbs, rows)`` is called after each case, so a run cut short still
-    leaves the rows it finished.
+    leaves the rows it finished. With ``profile``, each side of each case is also run
+    under ``torch.profiler`` and its busiest kernels are written there.
     """
     timer = _timer(interpreter)
     copy_gbs = _copy_bandwidth(dev, timer, interpreter)
@@ -260,6 +263,15 @@ def run_cases(
                 row[f"{side}_gbs"] = case.bytes / (ms * 1e-3) / 1e9
             if case.flops:
                 row[f"{side}_tflops"] = case.flops / (ms * 1e-3) / 1e12
+        if profile is not None:
+            for side, context in sides.items():
+                with context():
+                    profile.write(
+                        f"== {case.label} ({row['dtype']}): {side}, "
+                        f"{row[f'{side}_ms'] * 1e3:.1f} us per call\n"
+                    )
+                    profile.write(kernel_profile(fn) + "\n\n")
+                    profile.flush()
         row["vs_torch"] = row["torch_ms"] / row["gemsops_ms"]
         if "flag_gems_ms" in row:
             row["vs_flag_gems"] = row["flag_gems_ms"] / row["gemsops_ms"]
@@ -270,6 +282,23 @@ def run_cases(
         del fn
     _progress(len(selected), len(selected), "done")
     return copy_gbs, rows
+
+
+def kernel_profile(fn: Thunk, *, calls: int = 5, rows: int = 8) -> str:
+    """``torch.profiler``'s table of ``calls`` calls of ``fn``: the busiest ops and kernels
+    (device time where the profiler sees the device, else CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    supported = torch.profiler.supported_activities()  # type: ignore[no-untyped-call]
+    activities = [a for a in supported if a != ProfilerActivity.CPU]
+    on_device = bool(activities) and not gemshal.current_vendor().is_cpu
+    with profile(activities=[ProfilerActivity.CPU, *(activities if on_device else [])]) as prof:
+        for _ in range(calls):
+            fn()
+        if on_device:
+            gemshal.device_module().synchronize()
+    sort = "self_device_time_total" if on_device else "self_cpu_time_total"
+    return str(prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=60))
 
 
 def host_overhead(dev: torch.device, *, calls: int = 2000) -> list[dict[str, Any]]:
@@ -424,6 +453,11 @@ def add_parser(sub: Any) -> None:
         help="also write a cProfile of tiny adds through use_gems (where host time goes)",
     )
     p.add_argument(
+        "--profile-kernels",
+        metavar="PATH",
+        help="also write torch.profiler's busiest kernels per case and side (where time goes)",
+    )
+    p.add_argument(
         "--tiny", action="store_true", help="the tiny cases only (the default without a GPU)"
     )
     p.add_argument(
@@ -456,8 +490,10 @@ def _report(result: dict[str, Any]) -> None:
     )
     print(_table(result["rows"], result["copy_gbs"]))
     for r in result.get("host_us", []):
-        print("host " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else str(v)
-                                  for k, v in r.items()))
+        print(
+            "host "
+            + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else str(v) for k, v in r.items())
+        )
     if "import" in result:
         print("import " + ", ".join(f"{k} {v:.2f}" for k, v in result["import"].items()))
 
@@ -509,6 +545,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         _save(result, args.json)
         if args.profile_host:
             host_profile(dev.torch_device, args.profile_host)
-    run_cases(selected, interpreter=dev.interpreter, dev=dev.torch_device, on_row=on_row)
+    with contextlib.ExitStack() as stack:
+        profile = (
+            stack.enter_context(open(args.profile_kernels, "w")) if args.profile_kernels else None
+        )
+        run_cases(
+            selected,
+            interpreter=dev.interpreter,
+            dev=dev.torch_device,
+            on_row=on_row,
+            profile=profile,
+        )
     _save(result, args.json)
     return result

@@ -41,3 +41,14 @@ def test_bench_table_renders_again_from_its_json(
     again = capsys.readouterr().out
     table = first[first.index("copy bandwidth") :]
     assert table.strip() and table in again
+
+
+def test_kernel_profile_names_each_side_and_its_busiest_ops(tmp_path: Path) -> None:
+    """`--profile-kernels` writes, per case and side, the profiler's table of what ran."""
+    out = tmp_path / "kernels.txt"
+    args = ["bench", "--tiny", "--no-host", "--ops", "sum", "--profile-kernels", str(out)]
+    assert main(args) == 0
+    text = out.read_text()
+    for side in ("torch", "gemsops"):
+        assert f"== sum 4x64 (float32): {side}," in text
+    assert text.count("aten::sum") >= 2  # torch's call, and the aten call gemsops served
