@@ -5,7 +5,8 @@ One tiled Triton kernel serves all three: fp32 accumulation through ``tl.dot``, 
 read through their strides (the transposed views of a linear layer's backward are never
 copied), and the ``addmm`` epilogue (``beta * self + alpha * product``) fused. Small-M,
 long-K products (decode shapes) split K over several programs that write fp32 partial
-tiles, summed by a second kernel that applies the epilogue.
+tiles, summed by a second kernel that applies the epilogue. A product with a single
+row (M = 1) is a matrix-vector product and has its own kernel.
 """
 
 from __future__ import annotations
@@ -147,6 +148,48 @@ def _splitk_reduce_kernel(
              mask=mask)
 
 
+@autotune("mv", key=["N", "K", "K_CONTIGUOUS"])
+@triton.jit(do_not_specialize=["K_CONTIGUOUS"])
+def _mv_kernel(
+    A,  # [K] the single row of the left operand, any stride
+    B,  # [K, N] operand, any strides (a linear layer's weight.t() has K contiguous)
+    C,  # [N] result row, any stride
+    Bias,  # addmm's ``self`` row broadcast to [N]
+    N,
+    K,
+    stride_ak,
+    stride_bk, stride_bn,
+    stride_cn,
+    stride_sn,
+    alpha,
+    beta,
+    K_CONTIGUOUS,  # 1 when B's K stride is 1: a tuning key (the best tile differs), unused
+    HAS_BIAS: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # A product with one row is a matrix-vector product: every element of B is read
+    # once and used once, so it is bound by reading B. Each program owns BLOCK_N output
+    # columns and walks K in BLOCK_K slices, multiplying elementwise into a
+    # [BLOCK_K, BLOCK_N] accumulator that is summed over K once, at the end.
+    rn = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    mask_n = rn < N
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=ACC)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        mask_k = kk < K
+        a = tl.load(A + kk.to(tl.int64) * stride_ak, mask=mask_k, other=0.0).to(ACC)
+        b = tl.load(B + kk.to(tl.int64)[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(ACC)
+        acc += a[:, None] * b
+    out = tl.sum(acc, axis=0) * alpha
+    if HAS_BIAS:
+        out += beta * tl.load(Bias + rn * stride_sn, mask=mask_n, other=0.0).to(ACC)
+    tl.store(C + rn * stride_cn, out.to(C.dtype.element_ty), mask=mask_n)
+
+
 def _check(*tensors: Tensor) -> torch.dtype:
     """The common dtype of the operands, or Unsupported for inputs the kernel does not take."""
     dtype = tensors[0].dtype
@@ -219,6 +262,12 @@ def _launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, 
     sa, sb, sc, ss = _strides3(a), _strides3(b), _strides3(c), _strides3(s)
     precision = _precision(dtype)
     with gemshal.device_guard(a.device):
+        if batch == 1 and M == 1 and split_k is None:
+            # One row (decode with a single sequence): the matrix-vector kernel.
+            _mv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
+                a, b, c, s, N, K, sa[2], sb[1], sb[2], sc[2], ss[2], alpha, beta,
+                int(sb[1] == 1), HAS_BIAS=bias is not None, ACC=acc)
+            return
         if split == 1:
             _mm_kernel[lambda meta: (
                 batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), 1)](

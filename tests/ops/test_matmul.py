@@ -93,6 +93,47 @@ def test_k_zero_gives_zeros_and_m_zero_gives_empty() -> None:
         == (2, 3, 0)
 
 
+@given(data=st.data(), n=SIZES, k=st.one_of(SIZES, st.integers(100, 700)),
+       dtype=st.sampled_from(DTYPES), weight_layout=st.booleans(),
+       beta=st.sampled_from([0.0, 1.0, -0.5]), alpha=st.sampled_from([1.0, 0.25]))
+def test_single_row_products_match_torch(data: st.DataObject, n: int, k: int,
+                                         dtype: torch.dtype, weight_layout: bool,
+                                         beta: float, alpha: float) -> None:
+    """Property: with one row (the matrix-vector kernel), mm and addmm match torch for a
+    [K, N] operand stored either way: a linear layer's weight.t() or a plain matrix."""
+    a = _matrix(data.draw, 1, k, dtype)
+    if weight_layout:
+        b = data.draw(tensors(shape=(n, k), dtypes=[dtype])).to(DEV).t()
+    else:
+        b = _matrix(data.draw, k, n, dtype)
+    assert_close(MM.mm(a, b), reference(torch.mm, a, b), reduce_size=max(k, 1))
+    bias = data.draw(tensors(shape=(n,), dtypes=[dtype])).to(DEV)
+    out = MM.addmm(bias, a, b, beta=beta, alpha=alpha)
+    expected = reference(torch.addmm, bias, a, b, beta=beta, alpha=alpha)
+    assert_close(out, expected, reduce_size=max(k, 1) * 4)
+
+
+def test_single_row_products_take_the_matrix_vector_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An [1, K] x [K, N] product launches the matrix-vector kernel; two rows do not."""
+    launched: list[object] = []
+    real = MM._mv_kernel
+
+    class Spy:
+        def __getitem__(self, grid: object) -> Any:
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(MM, "_mv_kernel", Spy())
+    w = torch.randn(24, 40, device=DEV)
+    a = torch.randn(1, 40, device=DEV)
+    assert_close(MM.mm(a, w.t()), reference(torch.mm, a, w.t()), reduce_size=40)
+    assert len(launched) == 1
+    MM.mm(torch.randn(2, 40, device=DEV), w.t())
+    assert len(launched) == 1
+
+
 @settings(max_examples=10)
 @given(data=st.data(), m=st.integers(1, 20), n=st.integers(1, 40), k=st.integers(1, 300),
        split=st.integers(2, 5), dtype=st.sampled_from(DTYPES))
