@@ -254,15 +254,18 @@ def _launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, 
     acc = tl.float64 if dtype == torch.float64 else tl.float32
     # The interpreter multiplies bf16 tiles as raw 16-bit integers; widen them first.
     upcast = interpreter and dtype == torch.bfloat16
-    if split_k is None:
-        split = _split_k(batch, M, N, K, gemshal.device_of(a).multiprocessor_count)
-    else:
+    single_row = batch == 1 and M == 1 and split_k is None
+    if split_k is not None:
         split = split_k
+    elif single_row:
+        split = 1
+    else:
+        split = _split_k(batch, M, N, K, gemshal.device_of(a).multiprocessor_count)
     s = bias if bias is not None else c
     sa, sb, sc, ss = _strides3(a), _strides3(b), _strides3(c), _strides3(s)
     precision = _precision(dtype)
     with gemshal.device_guard(a.device):
-        if batch == 1 and M == 1 and split_k is None:
+        if single_row:
             # One row (decode with a single sequence): the matrix-vector kernel.
             _mv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
                 a, b, c, s, N, K, sa[2], sb[1], sb[2], sc[2], ss[2], alpha, beta,
