@@ -35,6 +35,7 @@ from __future__ import annotations
 import inspect
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +44,7 @@ from gemshal.errors import ConfigError
 from gemshal.tune_format import LAUNCH_KEYS, OpTuning, TuneConfig
 from gemshal.tune_rules import HeuristicRule
 
-__all__ = ["AutotunedKernel", "HeuristicsKernel", "Rule", "autotune", "heuristics"]
+__all__ = ["AutotunedKernel", "HeuristicsKernel", "Rule", "autotune", "heuristics", "tuned"]
 
 Rule = Callable[[dict[str, Any]], Any]
 """A Python heuristic: maps ``{argument name: value}`` to the keyword's value."""
@@ -167,6 +168,7 @@ class AutotunedKernel(_Kernel):
         self._plan: _Plan | None = None
         self._key_index = tuple(self.arg_names.index(k) for k in self.keys)
         self._name_set = frozenset(self.arg_names)
+        _KERNELS.add(self)
 
     def configs_for_current_device(self) -> tuple[TuneConfig, ...]:
         """The configs this kernel chooses from here (one when pinned under the interpreter).
@@ -307,6 +309,36 @@ class AutotunedKernel(_Kernel):
             plan.chosen[key] = meta
             return result
         raise ConfigError(f"tuning entry {self.op!r}: no config to launch")
+
+
+_KERNELS: weakref.WeakSet[AutotunedKernel] = weakref.WeakSet()
+
+
+def tuned() -> list[dict[str, Any]]:
+    """What the autotuner chose in this process: one record per op and tuning key.
+
+    Each record has ``op``, ``kernel`` (the function's name), ``key`` (the key's values
+    as text: sizes rounded up to their bucket, then the argument dtypes) and
+    ``config`` (the chosen meta-parameters and launch keywords). Kernels launched with
+    a single or pinned config, or with ``GEMS_AUTOTUNE=0``, chose nothing and are not
+    listed. Benchmarks save it, so tuning files can be written from measurements.
+    """
+    records = []
+    for kernel in list(_KERNELS):
+        plan = kernel._plan
+        if plan is None or plan.tuner is None or not plan.benchmark:
+            continue
+        name = getattr(kernel.fn, "__name__", repr(kernel.fn))
+        for key, config in list(plan.chosen.items()):
+            records.append(
+                {
+                    "op": kernel.op,
+                    "kernel": name,
+                    "key": ", ".join(str(part) for part in key),
+                    "config": dict(config),
+                }
+            )
+    return sorted(records, key=lambda r: (r["op"], r["kernel"], r["key"]))
 
 
 class HeuristicsKernel(_Kernel):

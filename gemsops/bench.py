@@ -29,6 +29,7 @@ import torch
 from torch.nn import functional as F
 
 import gemshal
+from gemshal.autotune import tuned
 from gemsops import registry
 
 __all__ = ["BenchCase", "add_parser", "cases", "main"]
@@ -534,7 +535,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
     def on_row(copy_gbs: float, rows: list[dict[str, Any]]) -> None:
-        result["copy_gbs"], result["rows"] = copy_gbs, rows
+        result["copy_gbs"], result["rows"], result["tuned"] = copy_gbs, rows, tuned()
         _save(result, args.json)
 
     selected = list(_filtered(cases(tiny=tiny), args))
@@ -556,5 +557,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             on_row=on_row,
             profile=profile,
         )
+    result["tuned"] = tuned()
     _save(result, args.json)
     return result
