@@ -76,7 +76,8 @@ class _AtenLog(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        if not func.is_view and func.namespace == "aten":
+        # Calls gemsops makes itself (allocations inside a fused op) are not the block's.
+        if not func.is_view and func.namespace == "aten" and not registry.in_gemsops():
             name = func.name().split("::", 1)[1]
             self.calls[name if "." in name else f"{name}.default"] += 1
         return func(*args, **(kwargs or {}))

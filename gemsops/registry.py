@@ -31,10 +31,12 @@ __all__ = [
     "disable",
     "enable",
     "implementations",
+    "in_gemsops",
     "known_ops",
     "record",
     "registered_ops",
     "resolve_names",
+    "running",
     "skipped_ops",
     "use_gems",
 ]
@@ -49,11 +51,14 @@ OP_MODULES = (
     "gemsops.ops.embedding",
     "gemsops.ops.loss",
     "gemsops.ops.copy",
+    "gemsops.ops.cross_entropy",
 )
 """Op modules, imported on first use (after gemshal has resolved the device)."""
 
 _LOCK = threading.RLock()
 _IMPLS: dict[str, Callable[..., Any]] | None = None
+_AUTOGRAD: frozenset[str] = frozenset()
+"""Overloads served at the vendor's autograd key (a module's ``AUTOGRAD_IMPLS``)."""
 
 
 def implementations() -> dict[str, Callable[..., Any]]:
@@ -62,19 +67,25 @@ def implementations() -> dict[str, Callable[..., Any]]:
     The first call resolves the device (which switches on the Triton interpreter on a
     CPU-only machine) and then imports the kernel modules.
     """
-    global _IMPLS
+    global _IMPLS, _AUTOGRAD
     if _IMPLS is not None:
         return _IMPLS
     with _LOCK:
         if _IMPLS is None:
             gemshal.current_device()
             table: dict[str, Callable[..., Any]] = {}
+            autograd: set[str] = set()
             for name in OP_MODULES:
                 module = importlib.import_module(name)
-                for overload, fn in module.IMPLS.items():
-                    if overload in table:
-                        raise RuntimeError(f"{overload} is implemented twice ({name})")
-                    table[overload] = fn
+                tables = (module.IMPLS, getattr(module, "AUTOGRAD_IMPLS", {}))
+                for at_autograd, impls in enumerate(tables):
+                    for overload, fn in impls.items():
+                        if overload in table:
+                            raise RuntimeError(f"{overload} is implemented twice ({name})")
+                        table[overload] = fn
+                        if at_autograd:
+                            autograd.add(overload)
+            _AUTOGRAD = frozenset(autograd)
             _IMPLS = table
     return _IMPLS
 
@@ -150,6 +161,26 @@ class _Inside(threading.local):
 _INSIDE = _Inside()
 
 
+@contextlib.contextmanager
+def running() -> Iterator[None]:
+    """Mark the block as gemsops' own work, as while a served aten call runs.
+
+    Aten calls made inside go straight to torch's kernels, uncounted. The backward of a
+    gemsops autograd function (run by autograd, outside any served call) uses it.
+    """
+    before = _INSIDE.depth
+    _INSIDE.depth = before + 1
+    try:
+        yield
+    finally:
+        _INSIDE.depth = before
+
+
+def in_gemsops() -> bool:
+    """Whether this thread is running gemsops' own work (a served call, or ``running()``)."""
+    return _INSIDE.depth > 0
+
+
 def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[..., Any]:
     inside = _INSIDE
 
@@ -221,9 +252,16 @@ def _torch_kernel(name: str, key: str) -> Any | None:
     return torch.library.get_kernel(f"aten::{name}", key)
 
 
+def _autograd_key(key: str) -> str | None:
+    """The autograd dispatch key paired with a backend key (CUDA -> AutogradCUDA), if any."""
+    name = f"Autograd{key}"
+    return name if name in torch._C.DispatchKey.__members__ else None
+
+
 def _register(overloads: frozenset[str]) -> tuple[Any, frozenset[str], dict[str, str]]:
     impls = implementations()
-    key = gemshal.current_vendor().dispatch_key
+    backend = gemshal.current_vendor().dispatch_key
+    autograd = _autograd_key(backend)
     library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
     served: set[str] = set()
     skipped: dict[str, str] = {}
@@ -231,6 +269,11 @@ def _register(overloads: frozenset[str]) -> tuple[Any, frozenset[str], dict[str,
         # torch warns once that a kernel is overridden: that is the point of enable().
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
         for overload in sorted(overloads):
+            key = backend
+            if overload in _AUTOGRAD:
+                if autograd is None:  # no autograd key pairs with this backend key
+                    continue
+                key = autograd
             # torch spells the default overload without a suffix: "aten::abs", not "abs.default".
             name = overload.removesuffix(".default")
             original = _torch_kernel(name, key)

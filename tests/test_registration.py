@@ -12,7 +12,13 @@ import gemsops
 from gemsops import registry
 from gemsops.testing.strategies import target_device
 
-WATCHED = ("aten::add.Tensor", "aten::mul.Tensor", "aten::sum.dim_IntList", "aten::mm")
+WATCHED = (
+    "aten::add.Tensor",
+    "aten::mul.Tensor",
+    "aten::sum.dim_IntList",
+    "aten::mm",
+    "aten::cross_entropy_loss",  # served at the autograd key
+)
 
 
 def _dispatch_tables() -> dict[str, str]:

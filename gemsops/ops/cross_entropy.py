@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 import gemshal
 from gemshal.autotune import autotune
@@ -33,8 +34,9 @@ from gemsops.ops.loss import (
     _target,
     _weight,
 )
+from gemsops.registry import running
 
-__all__ = ["IMPLS", "cross_entropy"]
+__all__ = ["AUTOGRAD_IMPLS", "IMPLS", "cross_entropy"]
 
 
 @autotune("cross_entropy", key=["C"])
@@ -222,10 +224,13 @@ class _CrossEntropy(torch.autograd.Function):
         return out.view(_loss_shape(x.shape)) if red == 0 else out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        # The gradient kernel is not itself differentiable: a double backward raises.
         x2, t2, w, lse, mass, denom = ctx.saved_tensors
         prob, red, ignore_index, eps, shape = ctx.meta
-        gi = _ce_backward(grad, x2, t2, w, prob, red, ignore_index, eps, lse, mass, denom)
+        with running():
+            gi = _ce_backward(grad, x2, t2, w, prob, red, ignore_index, eps, lse, mass, denom)
         if len(shape) > 2:
             gi = gi.view(shape[0], *shape[2:], shape[1]).movedim(-1, 1)
         return gi.view(shape) if len(shape) <= 2 else gi, None, None, None, None, None, None, None
@@ -268,5 +273,22 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     return out.view(_loss_shape(input.shape)) if red == 0 else out
 
 
+def _cross_entropy_loss(self: Tensor, target: Tensor, weight: Tensor | None = None,
+                        reduction: int = 1, ignore_index: int = -100,
+                        label_smoothing: float = 0.0) -> Tensor:
+    # aten::cross_entropy_loss, what F.cross_entropy calls. It is a composite in torch
+    # (log_softmax, then nll_loss), so it is served at the autograd key, before torch
+    # decomposes it: the fused kernels and their own backward replace the composite.
+    if target.requires_grad or (weight is not None and weight.requires_grad):
+        raise Unsupported("gradients for the target or the class weights")
+    name = _REDUCTION_NAMES.get(reduction, str(reduction))  # others: Unsupported
+    return cross_entropy(self, target, weight, ignore_index, name, label_smoothing)
+
+
+_REDUCTION_NAMES = {0: "none", 1: "mean", 2: "sum"}
+
 # A composite in torch: nothing to register at a backend key.
 IMPLS: dict[str, Any] = {}
+AUTOGRAD_IMPLS: dict[str, Any] = {"cross_entropy_loss.default": _cross_entropy_loss}
+"""Overloads served at the vendor's autograd key (``AutogradCUDA``...): composites in
+torch whose fused gemsops kernels bring their own backward."""

@@ -206,3 +206,65 @@ def test_impls_match_aten_schema(overload: str) -> None:
     assert [p.name for p in params] == [a.name for a in schema.arguments]
     for p, a in zip(params, schema.arguments, strict=True):
         assert (p.kind == inspect.Parameter.KEYWORD_ONLY) == a.kwarg_only
+
+
+@settings(max_examples=15)
+@given(case=loss_case(ndim=(1, 2, 3)), reduction=st.sampled_from(REDUCTIONS),
+       smoothing=st.sampled_from([0.0, 0.1]))
+def test_f_cross_entropy_through_aten_is_the_fused_op(case, reduction: str,  # type: ignore[no-untyped-def]
+                                                      smoothing: float) -> None:
+    """Property: under use_gems, F.cross_entropy reaches the fused op at the autograd key
+    (one aten::cross_entropy_loss served, no log_softmax or nll_loss) and gives torch's
+    loss and logit gradient."""
+    import gemsops
+
+    x, t, w = case
+    xg = x.detach().requires_grad_()
+    with gemsops.use_gems(), gemsops.record() as rec:
+        out = F.cross_entropy(xg, t, w, ignore_index=IGNORE, reduction=reduction,
+                              label_smoothing=smoothing)
+        (gx,) = torch.autograd.grad(out, xg, torch.ones_like(out))
+    assert rec.served["cross_entropy_loss.default"] == 1
+    assert not any(op.startswith(("_log_softmax", "nll_loss")) for op in rec.served)
+    xr = x.detach().cpu().double().requires_grad_()
+    e_out = F.cross_entropy(xr, t.cpu(), None if w is None else w.cpu().double(),
+                            ignore_index=IGNORE, reduction=reduction, label_smoothing=smoothing)
+    (e_gx,) = torch.autograd.grad(e_out, xr, torch.ones_like(e_out))
+    classes = x.shape[1] if x.dim() > 1 else x.shape[0]
+    size = classes * max(1, t.numel())
+    assert_close(out, e_out, reduce_size=size)
+    assert_close(gx, e_gx, reduce_size=size)
+
+
+def test_cross_entropy_hands_weight_gradients_back_to_torch() -> None:
+    """Class weights that require grad go to torch's composite, which refuses them exactly
+    as without gemsops; the call is counted as handed back."""
+    import gemsops
+
+    x = torch.randn(4, 5, device=DEV, requires_grad=True)
+    t = torch.tensor([0, 1, 2, 3], device=DEV)
+    w = torch.rand(5, device=DEV, requires_grad=True)
+    with pytest.raises(RuntimeError) as theirs:
+        F.cross_entropy(x, t, w)
+    with gemsops.use_gems(), gemsops.record() as rec, pytest.raises(RuntimeError) as ours:
+        F.cross_entropy(x, t, w)
+    assert str(ours.value) == str(theirs.value)
+    assert "cross_entropy_loss.default" in rec.fallback_ops()
+
+
+def test_cross_entropy_double_backward_is_refused() -> None:
+    """The fused backward is not differentiable: asking for a second derivative raises."""
+    x = torch.randn(3, 4, device=DEV, requires_grad=True)
+    out = CE.cross_entropy(x, torch.tensor([0, 1, 2], device=DEV))
+    (gx,) = torch.autograd.grad(out, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        gx.sum().backward()
+
+
+@pytest.mark.parametrize("overload", sorted(CE.AUTOGRAD_IMPLS))
+def test_autograd_impls_match_aten_schema(overload: str) -> None:
+    """Each AUTOGRAD_IMPLS function takes aten's arguments by aten's names."""
+    name, over = overload.split(".")
+    schema = getattr(getattr(torch.ops.aten, name), over)._schema
+    params = list(inspect.signature(CE.AUTOGRAD_IMPLS[overload]).parameters.values())
+    assert [p.name for p in params] == [a.name for a in schema.arguments]
