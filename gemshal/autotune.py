@@ -314,6 +314,11 @@ class AutotunedKernel(_Kernel):
 _KERNELS: weakref.WeakSet[AutotunedKernel] = weakref.WeakSet()
 
 
+def _plain(value: Any) -> Any:
+    # JSON-ready: numbers, strings, booleans and None as they are; anything else as text.
+    return value if value is None or isinstance(value, int | float | str) else str(value)
+
+
 def tuned() -> list[dict[str, Any]]:
     """What the autotuner chose in this process: one record per op and tuning key.
 
@@ -335,7 +340,7 @@ def tuned() -> list[dict[str, Any]]:
                     "op": kernel.op,
                     "kernel": name,
                     "key": ", ".join(str(part) for part in key),
-                    "config": dict(config),
+                    "config": {k: _plain(v) for k, v in config.items()},
                 }
             )
     return sorted(records, key=lambda r: (r["op"], r["kernel"], r["key"]))
