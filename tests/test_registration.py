@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,3 +124,17 @@ def test_vendor_and_user_unused_lists_combine(
         gemsops.disable()
         monkeypatch.delenv("GEMS_TUNE_CONFIG")
         tune.clear_cache()
+
+
+@pytest.mark.parametrize("overload", sorted(registry.implementations()))
+def test_every_implementation_takes_its_aten_schema(overload: str) -> None:
+    """Each served overload's function takes aten's arguments by aten's names, keyword-only
+    exactly where aten's are, with a default exactly where aten has one."""
+    name, over = overload.split(".")
+    schema = getattr(getattr(torch.ops.aten, name), over)._schema
+    params = list(inspect.signature(registry.implementations()[overload]).parameters.values())
+    assert [p.name for p in params] == [a.name for a in schema.arguments]
+    for p, a in zip(params, schema.arguments, strict=True):
+        assert p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY), p.name
+        assert (p.kind is p.KEYWORD_ONLY) == a.kwarg_only, p.name
+        assert (p.default is not p.empty) == a.has_default_value(), p.name

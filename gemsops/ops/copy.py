@@ -155,7 +155,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return out
 
 
-def _clone(self: Tensor, memory_format: torch.memory_format | None = None) -> Tensor:
+def _clone(self: Tensor, *, memory_format: torch.memory_format | None = None) -> Tensor:
     return clone(self, memory_format=memory_format)
 
 

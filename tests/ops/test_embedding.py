@@ -7,8 +7,6 @@ never looked up, compared with torch's kernel in float64 (the sums widen toleran
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -126,14 +124,3 @@ def test_sparse_gradient_is_unsupported() -> None:
     weight = torch.randn(4, 3, device=DEV, requires_grad=True)
     with pytest.raises(Unsupported):
         E.embedding(weight, torch.tensor([1], device=DEV), sparse=True)
-
-
-@pytest.mark.parametrize("overload", sorted(E.IMPLS))
-def test_impls_match_aten_schema(overload: str) -> None:
-    """Each IMPLS function takes aten's arguments by aten's names."""
-    name, over = overload.split(".")
-    schema = getattr(getattr(torch.ops.aten, name), over)._schema
-    params = list(inspect.signature(E.IMPLS[overload]).parameters.values())
-    assert [p.name for p in params] == [a.name for a in schema.arguments]
-    for p, a in zip(params, schema.arguments, strict=True):
-        assert (p.kind == inspect.Parameter.KEYWORD_ONLY) == a.kwarg_only

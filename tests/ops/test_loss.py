@@ -8,8 +8,6 @@ gradients are compared with torch in float64.
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -197,17 +195,6 @@ def test_unsupported_inputs(x: torch.Tensor, t: torch.Tensor) -> None:
         L.nll_loss_forward(x.to(DEV), t.to(DEV), None, 1, IGNORE)
 
 
-@pytest.mark.parametrize("overload", sorted(L.IMPLS))
-def test_impls_match_aten_schema(overload: str) -> None:
-    """Each IMPLS function takes aten's arguments by aten's names."""
-    name, over = overload.split(".")
-    schema = getattr(getattr(torch.ops.aten, name), over)._schema
-    params = list(inspect.signature(L.IMPLS[overload]).parameters.values())
-    assert [p.name for p in params] == [a.name for a in schema.arguments]
-    for p, a in zip(params, schema.arguments, strict=True):
-        assert (p.kind == inspect.Parameter.KEYWORD_ONLY) == a.kwarg_only
-
-
 @settings(max_examples=15)
 @given(case=loss_case(ndim=(1, 2, 3)), reduction=st.sampled_from(REDUCTIONS),
        smoothing=st.sampled_from([0.0, 0.1]))
@@ -259,12 +246,3 @@ def test_cross_entropy_double_backward_is_refused() -> None:
     (gx,) = torch.autograd.grad(out, x, create_graph=True)
     with pytest.raises(RuntimeError, match="does not require grad"):
         gx.sum().backward()
-
-
-@pytest.mark.parametrize("overload", sorted(CE.AUTOGRAD_IMPLS))
-def test_autograd_impls_match_aten_schema(overload: str) -> None:
-    """Each AUTOGRAD_IMPLS function takes aten's arguments by aten's names."""
-    name, over = overload.split(".")
-    schema = getattr(getattr(torch.ops.aten, name), over)._schema
-    params = list(inspect.signature(CE.AUTOGRAD_IMPLS[overload]).parameters.values())
-    assert [p.name for p in params] == [a.name for a in schema.arguments]

@@ -7,7 +7,6 @@ N = 0 gives an empty result. Tolerances come from the shared table, widened by K
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -248,14 +247,3 @@ def test_out_dtype_mismatch_is_unsupported() -> None:
     with pytest.raises(Unsupported):
         MM.IMPLS["mm.out"](torch.ones(2, 2, device=DEV), torch.ones(2, 2, device=DEV), out=out)
     assert bool((out == 0).all())
-
-
-@pytest.mark.parametrize("overload", sorted(MM.IMPLS))
-def test_impls_match_aten_schema(overload: str) -> None:
-    """Each IMPLS function takes aten's arguments by aten's names (keyword-only alike)."""
-    name, over = overload.split(".")
-    schema = getattr(getattr(torch.ops.aten, name), over)._schema
-    params = list(inspect.signature(MM.IMPLS[overload]).parameters.values())
-    assert [p.name for p in params] == [a.name for a in schema.arguments]
-    for p, a in zip(params, schema.arguments, strict=True):
-        assert (p.kind == inspect.Parameter.KEYWORD_ONLY) == a.kwarg_only

@@ -8,7 +8,6 @@ public functions and through the aten-level backward with every output mask.
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import pytest
@@ -175,14 +174,3 @@ def test_unsupported_inputs(args: tuple) -> None:  # type: ignore[type-arg]
     args = tuple(a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args)
     with pytest.raises(Unsupported):
         NM.native_layer_norm(*args)
-
-
-@pytest.mark.parametrize("overload", sorted(NM.IMPLS))
-def test_impls_match_aten_schema(overload: str) -> None:
-    """Each IMPLS function takes aten's arguments by aten's names."""
-    name, over = overload.split(".")
-    schema = getattr(getattr(torch.ops.aten, name), over)._schema
-    params = list(inspect.signature(NM.IMPLS[overload]).parameters.values())
-    assert [p.name for p in params] == [a.name for a in schema.arguments]
-    for p, a in zip(params, schema.arguments, strict=True):
-        assert (p.kind == inspect.Parameter.KEYWORD_ONLY) == a.kwarg_only

