@@ -39,6 +39,24 @@ from gemsops.registry import running
 __all__ = ["AUTOGRAD_IMPLS", "IMPLS", "cross_entropy"]
 
 
+@triton.jit
+def _target_mix(T, W, r64, c, mask, C, stride_tn, stride_tc, smoothing,
+                PROB: tl.constexpr, HAS_W: tl.constexpr, ACC: tl.constexpr,
+                BLOCK_C: tl.constexpr):
+    # w_c q_c over the chunk at columns c: with probability targets q is the smoothed
+    # target (1 - eps) p_c + eps / C; with smoothed class targets q is 1 (the caller
+    # scales by eps / C). Without a weight, w is 1.
+    if HAS_W:
+        q = tl.load(W + c, mask=c < C, other=0.0).to(ACC)[None, :]
+    else:
+        q = tl.full((1, BLOCK_C), 1.0, ACC)
+    if PROB:
+        p = tl.load(T + r64 * stride_tn + c[None, :] * stride_tc, mask=mask,
+                    other=0.0).to(ACC)
+        q = q * (p * (1.0 - smoothing) + smoothing / C)
+    return q
+
+
 @autotune("cross_entropy", key=["C"])
 @triton.jit
 def _ce_fwd_kernel(
@@ -70,14 +88,8 @@ def _ce_fwd_kernel(
         s = s * tl.exp(m - m_ref) + tl.sum(tl.exp(x - m_ref[:, None]), 1)
         m = m_new
         if PROB or SMOOTH:
-            if HAS_W:
-                q = tl.load(W + c, mask=c < C, other=0.0).to(ACC)[None, :]
-            else:
-                q = tl.full((1, BLOCK_C), 1.0, ACC)
-            if PROB:
-                p = tl.load(T + r64 * stride_tn + c[None, :] * stride_tc, mask=mask,
-                            other=0.0).to(ACC)
-                q = q * (p * (1.0 - smoothing) + smoothing / C)
+            q = _target_mix(T, W, r64, c, mask, C, stride_tn, stride_tc, smoothing,
+                            PROB, HAS_W, ACC, BLOCK_C)
             # Summed per chunk: row accumulators keep registers free for the chunk.
             sw += tl.sum(tl.where(mask, q, 0.0), 1)
             swx += tl.sum(tl.where(mask, q * x, 0.0), 1)
@@ -136,14 +148,10 @@ def _ce_bwd_kernel(
         x = tl.load(X + r64 * stride_xn + c[None, :] * stride_xc, mask=mask, other=0.0).to(ACC)
         grad = tl.exp(x - lse) * mass
         if PROB or SMOOTH:
-            if HAS_W:
-                q = tl.load(W + c, mask=c < C, other=0.0).to(ACC)[None, :]
-            else:
-                q = tl.full((1, BLOCK_C), 1.0, ACC)
+            q = _target_mix(T, W, r64, c, mask, C, stride_tn, stride_tc, smoothing,
+                            PROB, HAS_W, ACC, BLOCK_C)
             if PROB:
-                p = tl.load(T + r64 * stride_tn + c[None, :] * stride_tc, mask=mask,
-                            other=0.0).to(ACC)
-                grad -= q * (p * (1.0 - smoothing) + smoothing / C)
+                grad -= q
             else:
                 grad -= smoothing / C * q
         if not PROB:
