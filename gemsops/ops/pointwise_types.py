@@ -162,7 +162,7 @@ def has_fp64() -> bool:
 
 def check_fp64(dtype: torch.dtype) -> None:
     """Raise Unsupported for float64 on a vendor whose Triton backend has no fp64."""
-    if dtype == torch.float64 and not gemshal.current_vendor().capabilities.fp64:
+    if dtype == torch.float64 and not has_fp64():
         raise Unsupported("float64 on a device without fp64")
 
 
