@@ -39,7 +39,6 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gemshal import launch as _launch
 from gemshal import tune as _tune
 from gemshal.errors import ConfigError
 from gemshal.tune_format import LAUNCH_KEYS, OpTuning, TuneConfig
@@ -257,15 +256,13 @@ class AutotunedKernel(_Kernel):
         if plan is None or self._generation != _tune._GENERATION:
             plan = self._resolve()
         if plan.fixed is not None:
-            if warmup:
-                return self.fn.run(*args, grid=grid, warmup=True, **kwargs, **plan.fixed)
-            return _launch.launch(self.fn, grid, args, {**kwargs, **plan.fixed})
+            return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs, **plan.fixed)
         if warmup:
             return plan.tuner.warmup(*args, grid=grid, **kwargs)
         key = self._key(args, kwargs)
         chosen = plan.chosen.get(key)
         if chosen is not None:
-            return _launch.launch(self.fn, grid, args, {**kwargs, **chosen})
+            return self.fn.run(*args, grid=grid, warmup=False, **kwargs, **chosen)
         if not plan.benchmark:
             return self._run_first(plan, key, args, grid, kwargs)
         with self._lock:
@@ -303,7 +300,7 @@ class AutotunedKernel(_Kernel):
             if memo in plan.too_big and not last:
                 continue
             try:
-                result = _launch.launch(self.fn, grid, args, {**kwargs, **meta})
+                result = self.fn.run(*args, grid=grid, warmup=False, **kwargs, **meta)
             except OutOfResources:
                 plan.too_big.add(memo)
                 if last:
@@ -414,9 +411,7 @@ class HeuristicsKernel(_Kernel):
             raise ConfigError(
                 f"{self._where[name]}: reads {exc.args[0]!r}, which this launch did not pass"
             ) from None
-        if warmup:
-            return self.fn.run(*args, grid=grid, warmup=True, **kwargs)
-        return _launch.launch(self.fn, grid, args, kwargs)
+        return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs)
 
 
 def _check_op(op: object) -> str:
