@@ -417,3 +417,33 @@ def test_autotune_off_skips_configs_the_device_cannot_run(
     kernel[(1,)](torch.empty(4), 100)  # a new size does not try the config that failed
     assert [launch["BLOCK"] for launch in fake.launches] == [64, 64, 64]
     assert tried == [256, 64, 64, 64]
+
+
+def test_shipped_tune_files_name_gemsops_kernels_and_their_arguments() -> None:
+    """Every entry of every file in gemsops/tune names an op some gemsops kernel tunes
+    under, and every config sets only that kernel's arguments: a typo in a vendor file
+    (read only on that vendor's machines) fails here, on any machine."""
+    import importlib
+    import pkgutil
+    from pathlib import Path
+
+    import gemsops.ops
+    from gemshal.autotune import _KERNELS
+    from gemshal.tune_format import TuneSource, loads
+
+    for info in pkgutil.iter_modules(gemsops.ops.__path__):
+        importlib.import_module(f"gemsops.ops.{info.name}")
+    kernels: dict[str, set[str]] = {}
+    for kernel in list(_KERNELS):
+        kernels.setdefault(kernel.op, set()).update(kernel.arg_names)
+    tune_dir = Path(gemsops.ops.__path__[0]).parent / "tune"
+    files = sorted(tune_dir.glob("*.toml"))
+    assert {f.name for f in files} >= {"default.toml", "nvidia.toml", "nvidia-sm90.toml"}
+    for path in files:
+        source = TuneSource(path, "default", "gemsops")
+        parsed = loads(path.read_text(), source)
+        for op, entry in parsed.ops.items():
+            assert op in kernels, f"{path.name}: [ops.{op}] tunes no gemsops kernel"
+            for config in (*entry.configs, *([entry.interpreter] if entry.interpreter else [])):
+                unknown = {k for k, _ in config.meta} - kernels[op]
+                assert not unknown, f"{path.name}: [ops.{op}] sets {unknown}"
