@@ -2,7 +2,9 @@
 excepted), time torch, then run gemsops once so the autotuner benchmarks every candidate
 config, and record its per-config medians. Run with the candidates as the user tune file:
 
-    GEMS_TUNE_CONFIG=.ci/sweep-candidates.toml python3 .ci/sweep.py OUT_DIR
+    GEMS_TUNE_CONFIG=.ci/sweep-candidates.toml python3 .ci/sweep.py OUT_DIR [OPS]
+
+(OPS: a comma-separated list of bench ops, e.g. ``layer_norm,rms_norm``; default all)
 
 writes OUT_DIR/sweep.json and prints the best six configs per kernel and case.
 """
@@ -19,9 +21,10 @@ from gemsops import bench, registry
 out = sys.argv[1]
 dev = torch.device("cuda")
 skip = ("add", "mul", "gelu", "silu", "exp", "cumsum", "softmax", "log_softmax", "cross_entropy")
+only = set(sys.argv[2].split(",")) if len(sys.argv) > 2 else None  # e.g. layer_norm,rms_norm
 results = []
 for case in bench.cases(tiny=False):
-    if case.op in skip:
+    if case.op in skip or (only is not None and case.op not in only):
         continue
     t0 = time.time()
     fn = case.make(dev)

@@ -3,15 +3,19 @@
 Each kernel body serves layer norm and RMS norm (``IS_RMS``) and is jitted once per norm,
 so the two are tuned separately (``layer_norm``, ``rms_norm``, ``*_backward``,
 ``*_weight_grad`` entries). Rows are walked in ``BLOCK_N`` chunks; statistics are fp32
-(fp64 for fp64 inputs).
+(fp64 for fp64 inputs). A row that fits one chunk (``ONE_TILE``, set per launch from
+the tuned ``BLOCK_N``) is loaded once and its statistics taken in two passes over
+registers; longer rows keep a Welford pair per lane.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import triton
 import triton.language as tl
 
-from gemshal.autotune import autotune
+from gemshal.autotune import autotune, heuristics
 
 __all__ = ["KERNELS", "column_sum_kernel"]
 
@@ -33,39 +37,52 @@ def _fwd(X, W, B, Y, Mean, Rstd, M, N, stride_x, stride_y, eps,
          IS_RMS: tl.constexpr,  # rms norm: no centring, statistic is mean(x^2)
          HAS_W: tl.constexpr, HAS_B: tl.constexpr,
          ACC: tl.constexpr,  # statistics type: fp32, or fp64 for fp64 inputs
-         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         ONE_TILE: tl.constexpr):  # N <= BLOCK_N: the row stays in registers
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M  # the last program's rows past M are computed but never stored
     x_row = X + rows.to(tl.int64)[:, None] * stride_x
     y_row = Y + rows.to(tl.int64)[:, None] * stride_y
     cols = tl.arange(0, BLOCK_N)
     n_chunks = tl.cdiv(N, BLOCK_N)
-    mean_l = tl.zeros((BLOCK_M, BLOCK_N), ACC)  # per-lane running mean
-    m2_l = tl.zeros((BLOCK_M, BLOCK_N), ACC)  # per-lane sum of squared deviations (or x^2)
-    x = tl.zeros((BLOCK_M, BLOCK_N), ACC)
-    one = tl.full((), 1.0, ACC)
-    for k in range(n_chunks):
-        c = k * BLOCK_N + cols
-        mask = row_ok[:, None] & (c < N)[None, :]
-        x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(ACC)
+    if ONE_TILE:
+        # Two passes over the tile in registers: the mean, then the squared deviations.
+        mask = row_ok[:, None] & (cols < N)[None, :]
+        x = tl.load(x_row + cols[None, :], mask=mask, other=0.0).to(ACC)
         if IS_RMS:
-            m2_l += x * x
+            mean = tl.zeros((BLOCK_M,), ACC)
+            var = tl.sum(x * x, 1) / N
         else:
-            # Lanes past N in the last chunk keep their state (their count is one less).
-            # One division per chunk, not per element.
-            inv = one / (k + 1)
-            delta = x - mean_l
-            mean_l += tl.where(mask, delta * inv, 0.0)
-            m2_l += tl.where(mask, delta * (x - mean_l), 0.0)
-    if IS_RMS:
-        mean = tl.zeros((BLOCK_M,), ACC)
-        var = tl.sum(m2_l, 1) / N
+            mean = tl.sum(x, 1) / N
+            d = tl.where(mask, x - mean[:, None], 0.0)
+            var = tl.sum(d * d, 1) / N
     else:
-        # Combine the lanes: lane j saw cdiv(N - j, BLOCK_N) elements of its row.
-        cnt = ((N - cols + BLOCK_N - 1) // BLOCK_N).to(ACC)[None, :]
-        mean = tl.sum(mean_l * cnt, 1) / N
-        d = mean_l - mean[:, None]
-        var = tl.sum(m2_l + cnt * d * d, 1) / N
+        mean_l = tl.zeros((BLOCK_M, BLOCK_N), ACC)  # per-lane running mean
+        m2_l = tl.zeros((BLOCK_M, BLOCK_N), ACC)  # per-lane sum of squared deviations (or x^2)
+        x = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+        one = tl.full((), 1.0, ACC)
+        for k in range(n_chunks):
+            c = k * BLOCK_N + cols
+            mask = row_ok[:, None] & (c < N)[None, :]
+            x = tl.load(x_row + c[None, :], mask=mask, other=0.0).to(ACC)
+            if IS_RMS:
+                m2_l += x * x
+            else:
+                # Lanes past N in the last chunk keep their state (their count is one
+                # less). One division per chunk, not per element.
+                inv = one / (k + 1)
+                delta = x - mean_l
+                mean_l += tl.where(mask, delta * inv, 0.0)
+                m2_l += tl.where(mask, delta * (x - mean_l), 0.0)
+        if IS_RMS:
+            mean = tl.zeros((BLOCK_M,), ACC)
+            var = tl.sum(m2_l, 1) / N
+        else:
+            # Combine the lanes: lane j saw cdiv(N - j, BLOCK_N) elements of its row.
+            cnt = ((N - cols + BLOCK_N - 1) // BLOCK_N).to(ACC)[None, :]
+            mean = tl.sum(mean_l * cnt, 1) / N
+            d = mean_l - mean[:, None]
+            var = tl.sum(m2_l + cnt * d * d, 1) / N
     rstd = 1.0 / tl.sqrt(var + eps)
     if not IS_RMS:
         tl.store(Mean + rows, mean.to(Mean.dtype.element_ty), mask=row_ok)
@@ -178,11 +195,15 @@ def column_sum_kernel(Part, Out, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.conste
     tl.store(Out + cols, tl.sum(acc, 0).to(Out.dtype.element_ty), mask=cols < N)
 
 
+def _one_tile(args: dict[str, Any]) -> bool:
+    return bool(args["N"] <= args["BLOCK_N"])
+
+
 # (forward, backward, weight-grad) kernels by IS_RMS: one body per pass, jitted per norm
 # so each norm has its own tuning entries (their costs differ).
 KERNELS = {
     rms: (
-        autotune(name, key=["N"])(triton.jit(_fwd)),
+        autotune(name, key=["N"])(heuristics(name, ONE_TILE=_one_tile)(triton.jit(_fwd))),
         autotune(f"{name}_backward", key=["N"])(triton.jit(_bwd)),
         autotune(f"{name}_weight_grad", key=["N"])(triton.jit(_wgrad)),
     )
