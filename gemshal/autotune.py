@@ -319,6 +319,18 @@ def _plain(value: Any) -> Any:
     return value if value is None or isinstance(value, int | float | str) else str(value)
 
 
+def _function_name(fn: Any) -> str:
+    # The kernel function's name, down the decorator stack (.fn links) to the first
+    # object that has one.
+    inner = fn
+    while inner is not None:
+        name = getattr(inner, "__name__", None)
+        if isinstance(name, str):
+            return name
+        inner = getattr(inner, "fn", None)
+    return repr(fn)
+
+
 def tuned() -> list[dict[str, Any]]:
     """What the autotuner chose in this process: one record per op and tuning key.
 
@@ -333,7 +345,7 @@ def tuned() -> list[dict[str, Any]]:
         plan = kernel._plan
         if plan is None or plan.tuner is None or not plan.benchmark:
             continue
-        name = getattr(kernel.fn, "__name__", repr(kernel.fn))
+        name = _function_name(kernel.fn)
         for key, config in list(plan.chosen.items()):
             records.append(
                 {

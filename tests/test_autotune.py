@@ -270,6 +270,8 @@ def test_several_configs_tune_once_per_key_then_launch_directly(
     kernel[(1,)](x, 7)  # 7 shares 8's size bucket: no second benchmark
     assert tuner_runs == 1 and len(benched) == 6
     mine = {(r["key"], r["config"]["BLOCK"]) for r in at.tuned() if r["op"] == "k"}
+    # The kernel is named by the first function down its .fn links (the fake's own has none).
+    assert {r["kernel"] for r in at.tuned() if r["op"] == "k"} == {"<lambda>"}
     assert {("4, torch.float32", 128), ("8, torch.float32", 128)} <= mine
     assert not any(key.startswith("7,") for key, _ in mine)  # 7 is in 8's bucket
     assert kernel.configs_for_current_device() == tuple(
