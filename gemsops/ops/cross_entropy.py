@@ -5,10 +5,12 @@ the sums label smoothing and probability targets need, so a vocabulary-sized row
 once, in ``BLOCK_C`` chunks; the backward reads it once more and writes the gradient.
 Per-row losses are reduced by one program in a fixed order (deterministic).
 
-``F.cross_entropy`` is a composite op in torch (``_log_softmax`` + ``nll_loss``, plus
-pointwise ops for label smoothing), so nothing here is registered with aten:
-:func:`cross_entropy` is called directly. It lives beside :mod:`gemsops.ops.loss`, whose
-target handling and reduction kernel it shares.
+``F.cross_entropy`` calls ``aten::cross_entropy_loss``, a composite that torch
+decomposes (``_log_softmax`` + ``nll_loss``, plus pointwise ops for label smoothing)
+before any backend key sees it; so gemsops registers it at the vendor's autograd key
+(``AUTOGRAD_IMPLS``), where :func:`cross_entropy` runs with its own backward and torch's
+composite stays the fallback. It lives beside :mod:`gemsops.ops.loss`, whose target
+handling and reduction kernel it shares.
 """
 
 from __future__ import annotations
