@@ -36,7 +36,7 @@ import inspect
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from gemshal import tune as _tune
@@ -80,15 +80,20 @@ def _check_names(param: str, names: Sequence[str], valid: Sequence[str]) -> tupl
     return tuple(names)
 
 
+def _stack(fn: Any) -> Iterator[Any]:
+    """A kernel's decorator stack, outermost first: ``.fn`` links (as Triton's
+    autotuner follows them), down to and including the Python function."""
+    while fn is not None:
+        yield fn
+        if inspect.isfunction(fn):
+            return
+        fn = getattr(fn, "fn", None)
+
+
 def _interpreted(fn: Any) -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
-    # Walk down the decorator stack (.fn links, as Triton's autotuner does).
-    while fn is not None and not inspect.isfunction(fn):
-        if isinstance(fn, InterpretedFunction):
-            return True
-        fn = getattr(fn, "fn", None)
-    return False
+    return any(isinstance(layer, InterpretedFunction) for layer in _stack(fn))
 
 
 class _Kernel:
@@ -320,14 +325,11 @@ def _plain(value: Any) -> Any:
 
 
 def _function_name(fn: Any) -> str:
-    # The kernel function's name, down the decorator stack (.fn links) to the first
-    # object that has one.
-    inner = fn
-    while inner is not None:
-        name = getattr(inner, "__name__", None)
+    # The name of the first layer of the decorator stack that has one.
+    for layer in _stack(fn):
+        name = getattr(layer, "__name__", None)
         if isinstance(name, str):
             return name
-        inner = getattr(inner, "fn", None)
     return repr(fn)
 
 
