@@ -39,6 +39,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from gemshal import launch as _launch
 from gemshal import tune as _tune
 from gemshal.errors import ConfigError
 from gemshal.tune_format import LAUNCH_KEYS, OpTuning, TuneConfig
@@ -112,14 +113,38 @@ class _Kernel:
         self._lock = threading.RLock()
         # The tuning generation the resolved state belongs to; -1: not resolved yet.
         self._generation = -1
+        # The direct launcher of the wrapped @triton.jit function (gemshal.launch), or
+        # None where the wrapped object launches itself (another decorator, the
+        # interpreter, or the direct path off).
+        self._launcher: _launch.Launcher | None = None
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         """Launch syntax: ``kernel[grid](*args, **kwargs)``; grid is a tuple or ``f(meta)``."""
-        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=False, **kwargs)
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def run(self, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> Any:
         """Launch (or, with ``warmup``, only compile) the kernel."""
+        if warmup:
+            return self._warmup(args, grid, kwargs)
+        return self.launch(grid, args, kwargs)
+
+    def launch(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Launch with the arguments as a tuple and a dict (no repacking on the way)."""
         raise NotImplementedError
+
+    def _warmup(self, args: tuple[Any, ...], grid: Any, kwargs: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _inner(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # Launch the wrapped object with complete keywords: directly where a launcher
+        # serves it, through the next decorator's launch, or through its own run.
+        launcher = self._launcher
+        if launcher is not None:
+            return launcher.run(grid, args, kwargs)
+        fn = self.fn
+        if isinstance(fn, _Kernel):
+            return fn.launch(grid, args, kwargs)
+        return fn.run(*args, grid=grid, warmup=False, **kwargs)
 
     def warmup(self, *args: Any, grid: Any, **kwargs: Any) -> Any:
         """Compile without launching; arguments may be dtypes, as in Triton."""
@@ -204,6 +229,7 @@ class AutotunedKernel(_Kernel):
             else:
                 plan = _Plan(configs, None, self._build(configs), _tuning_enabled())
             self._plan = plan
+            self._launcher = _launch.launcher_for(self.fn)
             self._generation = generation
             return plan
 
@@ -255,19 +281,23 @@ class AutotunedKernel(_Kernel):
                 parts.append(dtype)
         return tuple(parts)
 
-    def run(self, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> Any:
+    def _warmup(self, args: tuple[Any, ...], grid: Any, kwargs: dict[str, Any]) -> Any:
+        plan = self._resolve()
+        if plan.fixed is not None:
+            return self.fn.run(*args, grid=grid, warmup=True, **kwargs, **plan.fixed)
+        return plan.tuner.warmup(*args, grid=grid, **kwargs)
+
+    def launch(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Launch the kernel with the config for this device and these arguments."""
         plan = self._plan
         if plan is None or self._generation != _tune._GENERATION:
             plan = self._resolve()
         if plan.fixed is not None:
-            return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs, **plan.fixed)
-        if warmup:
-            return plan.tuner.warmup(*args, grid=grid, **kwargs)
+            return self._inner(grid, args, {**kwargs, **plan.fixed})
         key = self._key(args, kwargs)
         chosen = plan.chosen.get(key)
         if chosen is not None:
-            return self.fn.run(*args, grid=grid, warmup=False, **kwargs, **chosen)
+            return self._inner(grid, args, {**kwargs, **chosen})
         if not plan.benchmark:
             return self._run_first(plan, key, args, grid, kwargs)
         with self._lock:
@@ -407,11 +437,19 @@ class HeuristicsKernel(_Kernel):
             rules.update((k, v) for k, v in self._callables.items() if k not in rules)
             self._where = where
             self._rules = tuple(rules.items())
+            self._launcher = _launch.launcher_for(self.fn)
             self._generation = generation
             return self._rules
 
-    def run(self, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> Any:
+    def _warmup(self, args: tuple[Any, ...], grid: Any, kwargs: dict[str, Any]) -> Any:
+        kwargs = self._compute(args, dict(kwargs))
+        return self.fn.run(*args, grid=grid, warmup=True, **kwargs)
+
+    def launch(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Compute the heuristic keywords from the arguments, then launch."""
+        return self._inner(grid, args, self._compute(args, dict(kwargs)))
+
+    def _compute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         rules = self._rules if self._generation == _tune._GENERATION else self._resolve()
         named = dict(zip(self.arg_names, args, strict=False))
         named.update(kwargs)
@@ -425,7 +463,7 @@ class HeuristicsKernel(_Kernel):
             raise ConfigError(
                 f"{self._where[name]}: reads {exc.args[0]!r}, which this launch did not pass"
             ) from None
-        return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs)
+        return kwargs
 
 
 def _check_op(op: object) -> str:

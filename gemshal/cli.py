@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import attrs
 
 from gemshal import device as _device
+from gemshal import launch as _launch
 from gemshal import registry as _registry
 from gemshal.errors import GemshalError
 
@@ -27,10 +28,12 @@ def _size(n: int) -> str:
 def _info(args: argparse.Namespace) -> int:
     dev = _device.current_device()
     found = _device.detection()
+    path = _launch.launch_path()
     if args.json:
         payload = {
             "device": dev.as_dict(),
             "vendor": dev.vendor.as_dict(),
+            "launch": {"direct": path.direct, "reason": path.reason},
             "stage": found.stage,
             "trace": [
                 {"stage": s.stage, "vendor": s.vendor, "verdict": s.verdict, "detail": s.detail}
@@ -57,6 +60,7 @@ def _info(args: argparse.Namespace) -> int:
         ("visible-devices env", v.visible_devices_env or "-"),
         ("distributed backend", v.dist_backend),
         ("capabilities", caps or "-"),
+        ("launch path", ("direct" if path.direct else "JITFunction.run") + f" ({path.reason})"),
     ]
     width = max(len(k) for k, _ in rows)
     print("gemshal device report")

@@ -30,6 +30,7 @@ def test_info_reports_device_vendor_and_trace(capsys: pytest.CaptureFixture[str]
     assert "gemshal device report" in out
     for key in ("device", "architecture", "dispatch key", "distributed backend"):
         assert key in out
+    assert "launch path          JITFunction.run (kernels run on the Triton interpreter)" in out
     assert "[fallback] cpu: chosen" in out or "[env]" in out
 
 
@@ -39,6 +40,7 @@ def test_info_json_is_machine_readable(capsys: pytest.CaptureFixture[str]) -> No
     report = json.loads(capsys.readouterr().out)
     assert report["device"]["vendor"] == report["vendor"]["name"]
     assert report["trace"] and {"stage", "verdict", "detail"} <= set(report["trace"][0])
+    assert report["launch"] == {"direct": False, "reason": "kernels run on the Triton interpreter"}
 
 
 def test_vendors_lists_every_builtin(capsys: pytest.CaptureFixture[str]) -> None:
