@@ -1,87 +1,112 @@
 """Host time per call of small ops: torch against gemsops (``use_gems``), 2000 calls after
-50 warm-up calls, one synchronize; then cProfiles of four of them. On a GPU machine:
+50 warm-up calls, one synchronize, median of 5 repeats; then cProfiles. On a GPU machine:
 
-    GEMS_AUTOTUNE=0 PYTHONPATH=. python3 .ci/host_probe.py OUT_DIR
+    GEMS_AUTOTUNE=0 PYTHONPATH=. python3 .ci/host_probe.py OUT_DIR [LABEL]
 
-writes OUT_DIR/host-probe.txt. At commit a08d294 it also timed gemshal.launch's
-compiled-kernel cache (the "fast" column), which was reverted after this measurement.
+writes OUT_DIR/host-probe-LABEL.txt. With gemsops' tree at PYTHONPATH it times the direct
+launch path (GEMS_LAUNCH=direct) and JITFunction.run (GEMS_LAUNCH=jit) side by side; an
+older tree without gemshal.launch gets one gemsops column.
 """
+
 import cProfile
 import io
 import os
 import pstats
+import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-try:  # the compiled-kernel cache measured at commit a08d294 (reverted: it was slower)
-    from gemshal import launch
-except ImportError:
-    launch = None
+import gemshal
 from gemsops import registry
 
-dev = torch.device("cuda")
+try:
+    from gemshal import launch, tune
+except ImportError:  # a tree from before gemshal.launch
+    launch = None
+
+dev = gemshal.current_device().torch_device
+sync = gemshal.device_module().synchronize
 out = sys.argv[1]
+label = sys.argv[2] if len(sys.argv) > 2 else "probe"
 torch.manual_seed(0)
-w = torch.randn(32000, 4096, device=dev, dtype=torch.bfloat16)
-idx = torch.randint(0, 32000, (16,), device=dev)
-a16 = torch.randn(16, 4096, device=dev, dtype=torch.bfloat16)
-b16 = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
 x = torch.randn(64, 1024, device=dev)
 xb = torch.randn(64, 1024, device=dev, dtype=torch.bfloat16)
 wn = torch.randn(1024, device=dev, dtype=torch.bfloat16)
+a64 = torch.randn(64, 64, device=dev)
+a16 = torch.randn(16, 4096, device=dev, dtype=torch.bfloat16)
+b16 = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
 tgt = torch.randint(0, 1024, (64,), device=dev)
 cases = {
     "add 1024": lambda: torch.add(x[0], x[0]),
+    "mul scalar 1024": lambda: x[0] * 2.0,
+    "add_ inplace 1024": lambda: x[1].add_(x[2]),
+    "silu 1024": lambda: F.silu(x[0]),
     "softmax 64x1024": lambda: torch.softmax(x, -1),
     "sum 64x1024": lambda: x.sum(-1),
-    "sum(dim=0) 64x1024": lambda: x.sum(0),
-    "var_mean 64x1024": lambda: torch.var_mean(x, -1),
-    "amax 64x1024": lambda: x.amax(-1),
-    "layer_norm 64x1024": lambda: F.layer_norm(xb, (1024,), wn, wn),
+    "mm 64x64x64": lambda: a64 @ a64,
+    "mm 16x4096x4096 bf16": lambda: a16 @ b16,
     "rms_norm 64x1024": lambda: F.rms_norm(xb, (1024,), wn),
+    "layer_norm 64x1024": lambda: F.layer_norm(xb, (1024,), wn, wn),
     "cross_entropy 64x1024": lambda: F.cross_entropy(x, tgt),
-    "embedding 16 of 32000x4096": lambda: F.embedding(idx, w),
-    "mm 16x4096x4096": lambda: a16 @ b16,
-    "mm 1x4096x4096": lambda: a16[:1] @ b16,
-    "gelu 1024": lambda: F.gelu(x[0]),
 }
-def per_call(fn, calls=2000):
+
+
+def per_call(fn, calls=2000, repeats=5):
     for _ in range(50):
         fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls * 1e6
-lines = []
+    sync()
+    samples = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        samples.append((time.perf_counter() - t) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def set_mode(mode):
+    os.environ["GEMS_LAUNCH"] = mode
+    launch.reset()
+    tune.clear_cache()  # kernels re-resolve their launcher under the new setting
+
+
+modes = ("direct", "jit") if launch else ("tree",)
+lines = [f"{'case':24s} {'torch':>8s} " + " ".join(f"{m:>8s}" for m in modes) + "  (us/call)"]
 for name, fn in cases.items():
     ref = fn()
     t_torch = per_call(fn)
     res = {}
-    for mode in ("1", "0") if launch else ("0",):
-        os.environ["GEMS_FAST_LAUNCH"] = mode
+    errs = []
+    for mode in modes:
         if launch:
-            launch.clear()
+            set_mode(mode)
         with registry.use_gems():
             got = fn()
             res[mode] = per_call(fn)
-    r = ref[0] if isinstance(ref, tuple) else ref
-    g = got[0] if isinstance(got, tuple) else got
-    err = (r.float() - g.float()).abs().max().item()
-    fast = f"gemsops fast {res['1']:6.1f} us  " if "1" in res else ""
-    lines.append(f"{name:28s} torch {t_torch:6.1f} us  {fast}run() {res['0']:6.1f} us  "
-                 f"maxerr {err:.3g}")
+        r = ref[0] if isinstance(ref, tuple) else ref
+        g = got[0] if isinstance(got, tuple) else got
+        errs.append((r.float() - g.float()).abs().max().item())
+    lines.append(
+        f"{name:24s} {t_torch:8.1f} "
+        + " ".join(f"{res[m]:8.1f}" for m in modes)
+        + f"  ratio {res[modes[0]] / t_torch:4.2f}x  maxerr {max(errs):.3g}"
+    )
     print(lines[-1], flush=True)
-os.environ["GEMS_FAST_LAUNCH"] = "1"
 if launch:
-    launch.clear()
-with open(f"{out}/host-probe.txt", "w") as fh:
+    set_mode("direct")
+    for name, fn in cases.items():
+        with registry.use_gems():
+            fn()
+            fn()
+            fn()
+    lines.append("launch stats: " + repr(launch.stats()))
+with open(f"{out}/host-probe-{label}.txt", "w") as fh:
     fh.write("\n".join(lines) + "\n")
-    for name in ("add 1024", "embedding 16 of 32000x4096", "mm 16x4096x4096", "var_mean 64x1024"):
+    for name in ("add 1024", "softmax 64x1024", "sum 64x1024", "mm 64x64x64"):
         fn = cases[name]
         with registry.use_gems():
             for _ in range(50):
@@ -92,5 +117,5 @@ with open(f"{out}/host-probe.txt", "w") as fh:
                 fn()
             p.disable()
         s = io.StringIO()
-        pstats.Stats(p, stream=s).sort_stats("tottime").print_stats(22)
+        pstats.Stats(p, stream=s).sort_stats("tottime").print_stats(25)
         fh.write(f"\n===== cProfile {name}\n" + s.getvalue())

@@ -230,6 +230,8 @@ class AutotunedKernel(_Kernel):
                 plan = _Plan(configs, None, self._build(configs), _tuning_enabled())
             self._plan = plan
             self._launcher = _launch.launcher_for(self.fn)
+            if self._launcher is not None:
+                self._launcher.clear()  # entries hold the previous plan's configs
             self._generation = generation
             return plan
 
@@ -292,7 +294,22 @@ class AutotunedKernel(_Kernel):
         plan = self._plan
         if plan is None or self._generation != _tune._GENERATION:
             plan = self._resolve()
-        if plan.fixed is not None:
+        launcher = self._launcher
+        if launcher is not None:
+            # One cheap key serves both choices: the launcher's specialization, and
+            # (through the plan and the size buckets) the config this plan picks.
+            extra = (plan, *[_bucket(args[i]) for i in self._key_index if i < len(args)])
+            device, fast, entry = launcher.lookup(args, kwargs, extra)
+            if entry is not None and entry.verified:
+                return launcher.fire(entry, grid, args, device)
+            if plan.fixed is not None:
+                full = {**kwargs, **plan.fixed}
+                return launcher.launch(grid, args, full, device, fast, entry)
+            chosen = plan.chosen.get(self._key(args, kwargs))
+            if chosen is not None:
+                full = {**kwargs, **chosen}
+                return launcher.launch(grid, args, full, device, fast, entry)
+        elif plan.fixed is not None:
             return self._inner(grid, args, {**kwargs, **plan.fixed})
         key = self._key(args, kwargs)
         chosen = plan.chosen.get(key)

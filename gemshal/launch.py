@@ -236,28 +236,6 @@ def int_code(value: int, kind: int) -> int:
     return width | (value == 1) | ((value & 15 == 0) << 1)
 
 
-def arg_key(value: Any, kind: int, append: Callable[[Any], None]) -> bool:
-    """Append what Triton specializes on for one argument; False when it cannot be said."""
-    if kind == CONST:
-        append(value)
-        return True
-    t = type(value)
-    if t is int:
-        append(int_code(value, kind))
-    elif t is torch.Tensor or isinstance(value, torch.Tensor):
-        append(value.dtype)
-        append(not value.data_ptr() & 15)
-    elif t is float:
-        append(float)
-    elif t is bool:
-        append(bool)
-    elif value is None:
-        append(None)
-    else:
-        return False
-    return True
-
-
 def specs_of(jit: Any) -> tuple[ParamSpec, ...]:
     """A Triton ``JITFunction``'s parameters as :class:`ParamSpec` records."""
     out = []
@@ -358,20 +336,43 @@ class Launcher:
         return tr
 
     def key(
-        self, device: int, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self,
+        device: int,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        extra: Any = None,
     ) -> tuple[Any, ...] | None:
-        """The cheap key of one call, or None when the call needs JITFunction.run."""
-        if len(args) > len(self.kinds):
+        """The cheap key of one call, or None when the call needs JITFunction.run.
+
+        ``extra`` is added to the key as it is: what a caller's own choices depend on
+        (an autotuner's size bucket), so one lookup serves both.
+        """
+        kinds = self.kinds
+        if len(args) > len(kinds):
             return None
-        parts: list[Any] = [device, len(args)]
+        parts: list[Any] = [device, extra]
         append = parts.append
-        for value, kind in zip(args, self.kinds, strict=False):
-            if not arg_key(value, kind, append):
+        tensor = torch.Tensor
+        # arg_key(), inlined: this loop runs on every launch.
+        for value, kind in zip(args, kinds, strict=False):
+            if kind == CONST:
+                append(value)
+                continue
+            t = type(value)
+            if t is tensor or (t is not int and isinstance(value, tensor)):
+                append(value.dtype)
+                append(not value.data_ptr() & 15)
+            elif t is int:
+                append(int_code(value, kind))
+            elif t is float or t is bool or value is None:
+                append(t)
+            else:
                 return None
         if kwargs:
             if not self.dynamic.isdisjoint(kwargs):
                 return None  # a runtime argument by keyword: let Triton bind it
             append(tuple(kwargs.items()))
+        append(len(args))
         return tuple(parts)
 
     def _tail(
@@ -462,28 +463,51 @@ class Launcher:
         self.counts["compiled"] += 1
         return kernel
 
-    def run(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Launch ``jit[grid](*args, **kwargs)``, directly when an entry is ready."""
+    def lookup(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any], extra: Any = None
+    ) -> tuple[int, tuple[Any, ...] | None, _Entry | None]:
+        """(device, key, entry) for one call; key None: JITFunction.run must serve it."""
         tr = self._tr()
         if self.disabled is not None or tr is None or not tr.quiet():
-            self.counts["jit"] += 1
-            return self._slow(*args, grid=grid, warmup=False, **kwargs)
-        device = tr.get_device()
+            return -1, None, None
+        device: int = tr.get_device()
         try:
-            key = self.key(device, args, kwargs)
-            entry = None if key is None else self.entries.get(key)
+            key = self.key(device, args, kwargs, extra)
+            return device, key, None if key is None else self.entries.get(key)
         except TypeError:  # an unhashable constexpr value
-            key = entry = None
+            return device, None, None
+
+    def fire(self, entry: _Entry, grid: Any, args: tuple[Any, ...], device: int) -> Any:
+        """Launch a verified entry directly on the current stream."""
+        g0, g1, g2 = self._grid(grid, args, entry)
+        stream = self._triton.get_stream(device)
+        entry.call(g0, g1, g2, stream, entry.function, *entry.pre, *args, *entry.tail)
+        self.counts["direct"] += 1
+        return entry.kernel
+
+    def launch(
+        self,
+        grid: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        device: int,
+        key: tuple[Any, ...] | None,
+        entry: _Entry | None,
+    ) -> Any:
+        """Launch after :meth:`lookup`, with ``kwargs`` complete (configs merged in)."""
         if key is None:
             self.counts["jit"] += 1
             return self._slow(*args, grid=grid, warmup=False, **kwargs)
         if entry is None or not entry.verified:
             return self._first(key, entry, device, grid, args, kwargs)
-        g0, g1, g2 = self._grid(grid, args, entry)
-        stream = tr.get_stream(device)
-        entry.call(g0, g1, g2, stream, entry.function, *entry.pre, *args, *entry.tail)
-        self.counts["direct"] += 1
-        return entry.kernel
+        return self.fire(entry, grid, args, device)
+
+    def run(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Launch ``jit[grid](*args, **kwargs)``, directly when an entry is ready."""
+        device, key, entry = self.lookup(args, kwargs)
+        if entry is not None and entry.verified:
+            return self.fire(entry, grid, args, device)
+        return self.launch(grid, args, kwargs, device, key, entry)
 
 
 _LAUNCHERS: dict[int, Launcher] = {}

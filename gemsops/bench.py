@@ -6,7 +6,8 @@ same torch call on the same tensors in the same process, each warmed up, timed w
 ``triton.testing.do_bench`` (median). Bandwidth-bound cases report GB/s and the
 percentage of the device-to-device copy bandwidth measured in the same run; matmuls
 report TFLOP/s. Without an accelerator it runs a tiny mode that only proves the
-harness works.
+harness works. After the rows (or alone, with ``--model``) it runs the model case of
+``gemsops.bench_model``: a Llama-style training step, eager and replayed from a graph.
 """
 
 from __future__ import annotations
@@ -310,6 +311,7 @@ def host_overhead(dev: torch.device, *, calls: int = 2000) -> list[dict[str, Any
         "add 1024": (lambda a: torch.add(a, a), (1024,)),
         "softmax 64x1024": (lambda a: torch.softmax(a, -1), (64, 1024)),
         "sum 64x1024": (lambda a: a.sum(-1), (64, 1024)),
+        "mm 64x64x64": (lambda a: torch.mm(a, a), (64, 64)),
     }
     rows = []
     for label, (fn, shape) in tiny.items():
@@ -395,7 +397,8 @@ def _table(rows: list[dict[str, Any]], copy_gbs: float) -> str:
     return "\n".join(lines)
 
 
-def _plot(rows: list[dict[str, Any]], path: str) -> bool:
+def _plot(rows: list[dict[str, Any]], path: str, notes: list[str] | None = None) -> bool:
+    """Speedup and bandwidth bars per row; ``notes`` (the model case's lines) as text below."""
     try:
         import matplotlib  # type: ignore[import-not-found,unused-ignore]
 
@@ -403,9 +406,17 @@ def _plot(rows: list[dict[str, Any]], path: str) -> bool:
         from matplotlib import pyplot as plt
     except ImportError:
         return False
+    notes = notes or []
+    text_h = 0.16 * len(notes) + (0.2 if notes else 0.0)
+    if not rows:
+        fig = plt.figure(figsize=(16, text_h))
+        fig.text(0.01, 0.5, "\n".join(notes), family="monospace", fontsize=9, va="center")
+        fig.savefig(path, dpi=110)
+        return True
     labels = [r["case"] for r in rows]
     y = list(range(len(rows)))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 0.4 * len(rows) + 2))
+    height_in = 0.4 * len(rows) + 2 + text_h
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, height_in))
     peer = any("vs_flag_gems" in r for r in rows)
     height = 0.4 if peer else 0.8
     ax1.barh(
@@ -433,7 +444,9 @@ def _plot(rows: list[dict[str, Any]], path: str) -> bool:
     ax2.axvline(90, color="r", lw=0.8, ls="--")
     ax2.set_xlabel("gemsops bandwidth, % of copy")
     ax2.invert_yaxis()
-    fig.tight_layout()
+    if notes:
+        fig.text(0.01, 0.01, "\n".join(notes), family="monospace", fontsize=9, va="bottom")
+    fig.tight_layout(rect=(0.0, text_h / height_in, 1.0, 1.0))
     fig.savefig(path, dpi=110)
     return True
 
@@ -460,6 +473,17 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--tiny", action="store_true", help="the tiny cases only (the default without a GPU)"
+    )
+    model = p.add_mutually_exclusive_group()
+    model.add_argument(
+        "--model",
+        action="store_true",
+        help="only the model case: a Llama-style training step, eager and graph-replayed",
+    )
+    model.add_argument(
+        "--no-model",
+        action="store_true",
+        help="skip the model case (it runs after the rows unless --ops or --dtypes is given)",
     )
     p.add_argument(
         "--from-json",
@@ -489,7 +513,8 @@ def _report(result: dict[str, Any]) -> None:
         f"torch {result['torch']}, triton {result['triton']}, "
         f"FlagGems {result.get('flag_gems') or 'not installed'}"
     )
-    print(_table(result["rows"], result["copy_gbs"]))
+    if result["rows"]:
+        print(_table(result["rows"], result["copy_gbs"]))
     for r in result.get("host_us", []):
         print(
             "host "
@@ -497,6 +522,16 @@ def _report(result: dict[str, Any]) -> None:
         )
     if "import" in result:
         print("import " + ", ".join(f"{k} {v:.2f}" for k, v in result["import"].items()))
+    for line in _model_lines(result):
+        print(line)
+
+
+def _model_lines(result: dict[str, Any]) -> list[str]:
+    if "model" not in result:
+        return []
+    from gemsops.bench_model import model_lines
+
+    return model_lines(result["model"])
 
 
 def _save(result: dict[str, Any], path: str | None) -> None:
@@ -513,14 +548,20 @@ def main(args: argparse.Namespace) -> int:
     else:
         result = measure(args)
     _report(result)
-    if args.plot and not _plot(result["rows"], args.plot):
+    if args.plot and not _plot(result["rows"], args.plot, _model_lines(result)):
         print("gemsops bench: matplotlib is not installed; no plot written", file=sys.stderr)
     return 0
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Time the selected cases (then host overhead and import cost) and return the result."""
+    """Time host overhead and import cost, the selected cases, then the model case.
+
+    With ``--model``, the model case alone; it also runs after a full run of the rows
+    (no ``--ops``, ``--dtypes`` or ``--no-model``).
+    """
     import triton
+
+    from gemsops import bench_model
 
     dev = gemshal.current_device()
     tiny = dev.interpreter or args.tiny
@@ -538,6 +579,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result["copy_gbs"], result["rows"], result["tuned"] = copy_gbs, rows, tuned()
         _save(result, args.json)
 
+    model_cfg = bench_model.TINY_CONFIG if tiny else bench_model.GPU_CONFIG
+    if args.model:
+        result["model"] = bench_model.measure_model(model_cfg)
+        result["tuned"] = tuned()
+        _save(result, args.json)
+        return result
     selected = list(_filtered(cases(tiny=tiny), args))
     if not args.no_host and not dev.interpreter:
         # First: they take seconds, and a run cut short by a time limit still has them.
@@ -559,4 +606,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
     result["tuned"] = tuned()
     _save(result, args.json)
+    if not (args.no_model or args.ops or args.dtypes):
+        result["model"] = bench_model.measure_model(model_cfg)
+        result["tuned"] = tuned()
+        _save(result, args.json)
     return result

@@ -45,6 +45,16 @@ def pytest_configure(config: pytest.Config) -> None:
         gemshal.current_device()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # `@pytest.mark.gpu` tests need a real accelerator: on the interpreter they are skipped.
+    if not gemshal.current_device().interpreter:
+        return
+    skip = pytest.mark.skip(reason="needs a real accelerator, not the Triton interpreter")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def isolated() -> Iterator[None]:
     """Run a test with fresh gemshal state; put the session's state back afterwards."""

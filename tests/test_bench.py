@@ -18,6 +18,7 @@ def test_bench_tiny_mode_writes_rows(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "geometric mean vs torch" in printed
     result = json.loads(out.read_text())
     assert [r["op"] for r in result["rows"]] == ["add", "softmax"]
+    assert "model" not in result  # a run of selected ops leaves the model case out
     for row in result["rows"]:
         assert row["torch_ms"] > 0 and row["gemsops_ms"] > 0
         assert row["vs_torch"] == pytest.approx(row["torch_ms"] / row["gemsops_ms"])
@@ -52,3 +53,65 @@ def test_kernel_profile_names_each_side_and_its_busiest_ops(tmp_path: Path) -> N
     for side in ("torch", "gemsops"):
         assert f"== sum 4x64 (float32): {side}," in text
     assert text.count("aten::sum") >= 2  # torch's call, and the aten call gemsops served
+
+
+def test_model_case_matches_torch_and_skips_graphs_on_the_interpreter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--model` trains the tiny Llama step on both sides: same loss and gradients as torch,
+    gemsops serving its ops, timings per side, graph replay skipped with the reason."""
+    out = tmp_path / "model.json"
+    assert main(["bench", "--model", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["rows"] == [] and "host_us" not in result  # the model case alone
+    model = result["model"]
+    assert model["config"]["layers"] == 1 and model["config"]["dtype"] == "float32"
+    for entry in (model["eager_step"], model["eager_forward"]):
+        assert entry["torch_ms"] > 0 and entry["gemsops_ms"] > 0
+        assert entry["gemsops_over_torch"] == pytest.approx(entry["gemsops_ms"] / entry["torch_ms"])
+    assert model["loss"]["gemsops"] == pytest.approx(model["loss"]["torch"], abs=1e-5)
+    assert model["loss_diff"]["gemsops"] < 1e-5
+    assert model["max_grad"] > 0 and model["max_grad_diff"]["gemsops"] < 1e-5
+    for op in ("mm.default", "bmm.default", "_softmax.default", "_fused_rms_norm.default",
+               "silu.default", "cross_entropy_loss.default", "embedding.default"):  # fmt: skip
+        assert op in model["gemsops_served"], op
+    assert model["gemsops_fallbacks"] == {}
+    assert "interpreter" in model["graph_forward"]["skipped"]
+    assert not any(k.endswith("_ms") for k in model["graph_forward"])
+    assert "model eager step: torch " in printed
+    assert "model graph forward: skipped (the Triton interpreter" in printed
+
+
+def test_model_lines_render_from_saved_json_with_graph_times(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--from-json` prints a saved model case: times, ratios to torch, graph replay, checks."""
+    timing = {"torch_ms": 2.0, "gemsops_ms": 2.5, "gemsops_over_torch": 1.25}
+    model = {
+        "config": {"batch": 4, "seq": 512, "dim": 1024, "layers": 4, "heads": 8,
+                   "hidden": 2816, "vocab": 32000, "dtype": "bfloat16", "warmup": 3,
+                   "steps": 10},
+        "eager_step": {"torch_ms": 18.1, "gemsops_ms": 20.3, "gemsops_over_torch": 20.3 / 18.1},
+        "eager_forward": timing,
+        "graph_forward": {"skipped": None, "torch_ms": 1.5, "gemsops_ms": 1.2,
+                          "gemsops_over_torch": 0.8, "gemsops_loss_diff": 0.001,
+                          "torch_loss_diff": 0.0},
+        "loss": {"torch": 10.5, "gemsops": 10.501},
+        "loss_diff": {"gemsops": 0.001},
+        "gemsops_served": ["mm.default"],
+        "gemsops_fallbacks": {},
+        "max_grad": 0.5,
+        "max_grad_diff": {"gemsops": 0.002},
+    }  # fmt: skip
+    saved = {"device": {"name": "H200"}, "torch": "t", "triton": "t", "flag_gems": None,
+             "copy_gbs": 0.0, "rows": [], "model": model}  # fmt: skip
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(saved))
+    assert main(["bench", "--from-json", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "model eager step: torch 18.1 ms, gemsops 20.3 ms (1.12x torch's time)" in printed
+    assert "model graph forward: torch 1.5 ms, gemsops 1.2 ms (0.80x torch's time)" in printed
+    assert "gemsops |loss diff| 0.001, max |grad diff| 0.002" in printed
+    assert "against eager torch: gemsops 0.001, torch 0" in printed
+    assert "copy bandwidth" not in printed  # no rows: no table
