@@ -149,7 +149,11 @@ def record() -> Iterator[CallRecord]:
     try:
         yield rec
     finally:
-        _RECORDS.remove(rec)
+        # By identity: records compare by value, and nested blocks may hold equal ones.
+        for i, open_rec in enumerate(_RECORDS):
+            if open_rec is rec:
+                del _RECORDS[i]
+                break
 
 
 class _Inside(threading.local):

@@ -33,7 +33,7 @@ import gemshal
 from gemshal.autotune import autotune
 
 __all__ = ["BITS64", "LOAD", "MAX_RANK", "SINGLE", "TL_DTYPES", "VALUE", "launch_flat",
-           "launch_strided"]
+           "launch_flat_planned", "launch_strided"]
 
 MAX_RANK = 5
 LOAD, VALUE, BITS64, SINGLE = 0, 1, 2, 3
@@ -225,7 +225,8 @@ def _strided_kernel(
 
 
 def _grid(n: int) -> Any:
-    return lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+    # Plain integer arithmetic: triton.cdiv is a jit function, slow to call on the host.
+    return lambda meta: ((n + meta["BLOCK"] - 1) // meta["BLOCK"],)
 
 
 def launch_flat(out: Tensor, args: Sequence[Any], meta: dict[str, Any]) -> None:
@@ -237,9 +238,17 @@ def launch_flat(out: Tensor, args: Sequence[Any], meta: dict[str, Any]) -> None:
         meta: The constexprs: OP, NARGS, K*, V*, T*, R.
     """
     n = out.numel()
+    launch_flat_planned(out, args, n, {**meta, "INT64": n >= 2**31})
+
+
+def launch_flat_planned(out: Tensor, args: Sequence[Any], n: int, meta: dict[str, Any]) -> None:
+    """:func:`launch_flat` with ``n = out.numel()`` known and ``meta`` complete (INT64 too).
+
+    ``meta`` is passed to the kernel as it is and must not be changed afterwards: the
+    fast path hands the same cached dict to every launch.
+    """
     with gemshal.device_guard(out):
-        _flat_kernel[_grid(n)](out, args[0], args[1], args[2], n, n.bit_length(), **meta,
-                               INT64=n >= 2**31)
+        _flat_kernel.launch(_grid(n), (out, args[0], args[1], args[2], n, n.bit_length()), meta)
 
 
 def launch_strided(out: Tensor, args: Sequence[Any], kinds: Sequence[int],

@@ -27,6 +27,7 @@ from gemsops.ops.pointwise_codegen import (
     TL_DTYPES,
     VALUE,
     launch_flat,
+    launch_flat_planned,
     launch_strided,
 )
 from gemsops.ops.pointwise_types import PointwiseOp, device_type, op_dtypes, scalar_arg
@@ -113,17 +114,22 @@ def _check_out(out: Tensor, tensors: Sequence[Tensor]) -> None:
 class _Plan:
     """The cached decisions of the fast path for one (op, operand dtypes) key."""
 
-    __slots__ = ("casts", "checked", "meta", "result")
+    __slots__ = ("casts", "checked", "meta", "meta64", "result", "scalars")
 
     def __init__(self, meta: dict[str, Any], result: torch.dtype,
-                 casts: list[Casts], checked: bool) -> None:
-        self.meta = meta
+                 casts: list[Casts], checked: bool, scalars: bool) -> None:
+        # Launch keywords, built once: the kernel takes them as they are (never mutated).
+        self.meta = {**meta, "INT64": False}
+        self.meta64 = {**meta, "INT64": True}
         self.result = result
         self.casts = casts
         self.checked = checked
+        self.scalars = scalars  # some operand is a Python number
 
 
 _PLANS: dict[tuple[Any, ...], _Plan | None] = {}
+_DEVICE_OK: dict[torch.device, bool] = {}
+"""Per device: whether the kernels run there (the vendor's device type)."""
 
 
 def _plan(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> _Plan | None:
@@ -145,16 +151,27 @@ def _plan(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> _Plan
         else:
             kinds.append(BITS64 if isinstance(x, float) and torch.float64 in (via, to) else VALUE)
     out_dtype = out.dtype if out is not None else result
+    scalars = any(not isinstance(x, Tensor) for x in operands)
     return _Plan(_meta(op, kinds, casts, result, out_dtype), result, casts,
-                 op.scalars == "checked")
+                 op.scalars == "checked", scalars)
+
+
+def _device_ok(device: torch.device) -> bool:
+    ok = _DEVICE_OK.get(device)
+    if ok is None:
+        ok = _DEVICE_OK[device] = device.type == device_type()
+    return ok
 
 
 def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> Tensor | None:
     """Same-shape contiguous tensors (and numbers): functional, in place on self, or a fill.
 
-    Returns None where the general path must decide.
+    Returns None where the general path must decide. Everything that depends only on
+    the op and the operand dtypes is cached in a :class:`_Plan`; per call this checks
+    layout, shape, device and overlap, allocates the output and launches.
     """
     first: Tensor | None = None
+    shape = device = None
     key: list[Any] = [op, None if out is None else out.dtype]
     for x in operands:
         if isinstance(x, Tensor):
@@ -162,9 +179,11 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
                 return None
             if first is None:
                 first = x
-                if x.dim() == 0:
+                shape = x.shape
+                device = x.device
+                if not shape:  # 0-dim: the general path decides how it promotes
                     return None
-            elif x.shape != first.shape or x.device != first.device:
+            elif x.shape != shape or x.device != device:
                 return None
             key.append(x.dtype)
         else:
@@ -173,9 +192,10 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
         if out is None or out.layout is not torch.strided or not out.is_contiguous():
             return None
         first = out
+        device = out.device
     elif out is not None and out is not operands[0]:
         return None
-    if first.device.type != device_type():
+    if not _device_ok(device):  # type: ignore[arg-type]
         return None
     k = tuple(key)
     plan: _Plan | None = _PLANS.get(k, _MISSING)
@@ -183,20 +203,25 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
         plan = _PLANS[k] = _plan(op, operands, out)
     if plan is None:
         return None
-    args: list[Any] = [None, None, None]
-    for i, x in enumerate(operands):
-        if isinstance(x, Tensor):
-            args[i] = x
-            if out is not None and x is not out and x.data_ptr() != out.data_ptr():
+    if plan.scalars:
+        args: list[Any] = [None, None, None]
+        for i, x in enumerate(operands):
+            args[i] = x if isinstance(x, Tensor) else scalar_arg(x, *plan.casts[i],
+                                                                 plan.checked)[0]
+    else:
+        args = [*operands, None, None][:3]
+    if out is None:
+        out = torch.empty_like(first, dtype=plan.result)
+    elif len(operands) > 1:
+        optr = out.data_ptr()
+        for x in operands:
+            if isinstance(x, Tensor) and x is not out and x.data_ptr() != optr:
                 (lo, hi), (xlo, xhi) = _span(out), _span(x)
                 if xlo < hi and lo < xhi:
                     return None  # partial overlap: the general path refuses it
-        else:
-            args[i] = scalar_arg(x, *plan.casts[i], plan.checked)[0]
-    if out is None:
-        out = torch.empty_like(first, dtype=plan.result)
-    if out.numel():
-        launch_flat(out, args, plan.meta)
+    n = out.numel()
+    if n:
+        launch_flat_planned(out, args, n, plan.meta64 if n >= 2**31 else plan.meta)
     return out
 
 
