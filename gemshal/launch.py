@@ -277,6 +277,32 @@ class _Entry:
             self.pre = (run.launch_cooperative_grid, run.launch_pdl, None, None, *self.pre)
 
 
+_KEYWORD_SLOTS = 256
+
+
+class Keywords:
+    """A call's keyword arguments, frozen, with their hash computed once.
+
+    A launcher remembers the frozen form of each keyword dict it is given, by identity,
+    while it holds the dict: callers pass a dict once and do not change it afterwards.
+    """
+
+    __slots__ = ("_hash", "items")
+
+    def __init__(self, items: tuple[tuple[str, Any], ...]) -> None:
+        self.items = items
+        self._hash = hash(items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, Keywords) and self.items == other.items)
+
+    def __repr__(self) -> str:
+        return f"Keywords({dict(self.items)!r})"
+
+
 def _same(a: Any, b: Any) -> bool:
     if a is b:
         return True
@@ -323,10 +349,12 @@ class Launcher:
         self.entries: dict[tuple[Any, ...], _Entry] = {}
         self.disabled: str | None = None
         self.counts = {"direct": 0, "jit": 0, "compiled": 0}
+        self._keywords: dict[int, tuple[Mapping[str, Any], Keywords]] = {}
 
     def clear(self) -> None:
         """Drop every entry and re-enable the direct path."""
         self.entries.clear()
+        self._keywords.clear()
         self.disabled = None
 
     def _tr(self) -> Any:
@@ -369,9 +397,19 @@ class Launcher:
             else:
                 return None
         if kwargs:
-            if not self.dynamic.isdisjoint(kwargs):
-                return None  # a runtime argument by keyword: let Triton bind it
-            append(tuple(kwargs.items()))
+            # Keyword sets are mostly the same few dicts, reused by the ops' cached
+            # plans: their frozen form (hash computed once) is remembered by identity.
+            seen = self._keywords.get(id(kwargs))
+            if seen is not None and seen[0] is kwargs:
+                append(seen[1])
+            else:
+                if not self.dynamic.isdisjoint(kwargs):
+                    return None  # a runtime argument by keyword: let Triton bind it
+                frozen = Keywords(tuple(kwargs.items()))
+                if len(self._keywords) >= _KEYWORD_SLOTS:
+                    self._keywords.clear()
+                self._keywords[id(kwargs)] = (kwargs, frozen)
+                append(frozen)
         append(len(args))
         return tuple(parts)
 

@@ -276,6 +276,18 @@ def test_new_specialization_gets_its_own_entry() -> None:
     assert rig.launcher.counts["compiled"] == 4  # one entry per specialization
 
 
+def test_equal_keyword_dicts_share_an_entry() -> None:
+    """Keyword dicts equal in content reach one entry; another value reaches another."""
+    rig = Rig()
+    out = torch.empty(64)
+    kept = {"BLOCK": 64}
+    for kw in (kept, kept, {"BLOCK": 64}, dict(kept)):
+        rig.launcher.run((1,), (out, out, 64, 7), kw)
+    assert [e[0] for e in rig.log] == ["jit", "jit", "direct", "direct"]
+    rig.launcher.run((1,), (out, out, 64, 7), {"BLOCK": 32})
+    assert rig.log[-1][0] == "jit"
+
+
 def test_hooks_send_calls_to_jit() -> None:
     """With a launch hook installed (a profiler), every call takes JITFunction.run."""
     rig = Rig()
