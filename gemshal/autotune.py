@@ -117,6 +117,7 @@ class _Kernel:
         # None where the wrapped object launches itself (another decorator, the
         # interpreter, or the direct path off).
         self._launcher: _launch.Launcher | None = None
+        self._merges: dict[tuple[Any, ...], tuple[Any, Any, dict[str, Any]]] = {}
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         """Launch syntax: ``kernel[grid](*args, **kwargs)``; grid is a tuple or ``f(meta)``."""
@@ -134,6 +135,24 @@ class _Kernel:
 
     def _warmup(self, args: tuple[Any, ...], grid: Any, kwargs: dict[str, Any]) -> Any:
         raise NotImplementedError
+
+    def _merged(self, kwargs: dict[str, Any], more: Mapping[str, Any], tag: Any) -> dict[str, Any]:
+        """``{**kwargs, **more}``, the same dict object again for the same inputs.
+
+        Launchers remember keyword dicts by identity (gemshal.launch), so handing them
+        one stable dict per (caller's dict, config) saves re-freezing it on every call.
+        With ``tag`` None, ``more`` is a kept object (a config) and counts by identity;
+        otherwise ``tag`` stands for its values (heuristics computed per call).
+        """
+        slot = (id(kwargs), id(more) if tag is None else tag)
+        hit = self._merges.get(slot)
+        if hit is not None and hit[0] is kwargs and (tag is not None or hit[1] is more):
+            return hit[2]
+        merged = {**kwargs, **more}
+        if len(self._merges) >= 256:
+            self._merges.clear()
+        self._merges[slot] = (kwargs, more, merged)
+        return merged
 
     def _inner(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Launch the wrapped object with complete keywords: directly where a launcher
@@ -303,18 +322,18 @@ class AutotunedKernel(_Kernel):
             if entry is not None and entry.verified:
                 return launcher.fire(entry, grid, args, device)
             if plan.fixed is not None:
-                full = {**kwargs, **plan.fixed}
+                full = self._merged(kwargs, plan.fixed, None)
                 return launcher.launch(grid, args, full, device, fast, entry)
             chosen = plan.chosen.get(self._key(args, kwargs))
             if chosen is not None:
-                full = {**kwargs, **chosen}
+                full = self._merged(kwargs, chosen, None)
                 return launcher.launch(grid, args, full, device, fast, entry)
         elif plan.fixed is not None:
-            return self._inner(grid, args, {**kwargs, **plan.fixed})
+            return self._inner(grid, args, self._merged(kwargs, plan.fixed, None))
         key = self._key(args, kwargs)
         chosen = plan.chosen.get(key)
         if chosen is not None:
-            return self._inner(grid, args, {**kwargs, **chosen})
+            return self._inner(grid, args, self._merged(kwargs, chosen, None))
         if not plan.benchmark:
             return self._run_first(plan, key, args, grid, kwargs)
         with self._lock:
@@ -459,28 +478,36 @@ class HeuristicsKernel(_Kernel):
             return self._rules
 
     def _warmup(self, args: tuple[Any, ...], grid: Any, kwargs: dict[str, Any]) -> Any:
-        kwargs = self._compute(args, dict(kwargs))
+        kwargs = {**kwargs, **self._compute(args, kwargs)}
         return self.fn.run(*args, grid=grid, warmup=True, **kwargs)
 
     def launch(self, grid: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Compute the heuristic keywords from the arguments, then launch."""
-        return self._inner(grid, args, self._compute(args, dict(kwargs)))
+        computed = self._compute(args, kwargs)
+        try:
+            values = tuple(computed.values())
+            full = self._merged(kwargs, computed, (values, tuple(map(type, values))))
+        except TypeError:  # a rule's value cannot be hashed: no stable dict for it
+            full = {**kwargs, **computed}
+        return self._inner(grid, args, full)
 
     def _compute(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The heuristic keywords for one launch (``kwargs`` is left as it was)."""
         rules = self._rules if self._generation == _tune._GENERATION else self._resolve()
         named = dict(zip(self.arg_names, args, strict=False))
         named.update(kwargs)
+        computed: dict[str, Any] = {}
         name = ""
         try:
             for name, rule in rules:
-                named[name] = kwargs[name] = rule(named)
+                named[name] = computed[name] = rule(named)
         except KeyError as exc:
             if name not in self._where:
                 raise
             raise ConfigError(
                 f"{self._where[name]}: reads {exc.args[0]!r}, which this launch did not pass"
             ) from None
-        return kwargs
+        return computed
 
 
 def _check_op(op: object) -> str:

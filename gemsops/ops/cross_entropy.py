@@ -26,6 +26,7 @@ from torch.autograd.function import once_differentiable
 import gemshal
 from gemshal.autotune import autotune
 from gemsops.errors import Unsupported
+from gemsops.ops.grid import cdiv
 from gemsops.ops.loss import (
     _acc,
     _check_input,
@@ -162,6 +163,26 @@ def _ce_bwd_kernel(
         tl.store(GI + r64 * C + c[None, :], grad.to(GI.dtype.element_ty), mask=mask)
 
 
+_CONSTS: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def _consts(prob: bool, smooth: bool, has_w: bool, mean: bool | None, dtype: torch.dtype
+            ) -> dict[str, Any]:
+    """The constant keywords of the forward (``mean`` None) or backward launch (cached:
+    one dict per key, never changed)."""
+    key = (prob, smooth, has_w, mean, dtype)
+    try:
+        return _CONSTS[key]
+    except KeyError:
+        pass
+    consts = {"PROB": prob, "SMOOTH": smooth, "HAS_W": has_w}
+    if mean is not None:
+        consts["MEAN"] = mean
+    consts["ACC"] = _acc(dtype)[0]
+    _CONSTS[key] = consts
+    return consts
+
+
 def _ce_prepare(input: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
                 label_smoothing: float) -> tuple[Tensor, Tensor, Tensor | None, bool]:
     """Logits as [R, C], targets as [R] classes or [R, C] probabilities, the weight, PROB."""
@@ -194,12 +215,14 @@ def _ce_forward(x2: Tensor, t2: Tensor, w: Tensor | None, prob: bool, red: int,
     loss = torch.empty(R, dtype=out_dtype if red == 0 else acc_t, device=dev)
     denom = torch.empty((), dtype=acc_t, device=dev)
     st = t2.stride() if prob else (t2.stride(0) if R else 1, 0)
-    with gemshal.device_guard(dev):
+    with gemshal.device_guard(x2):
         if R:
-            _ce_fwd_kernel[lambda meta: (triton.cdiv(R, meta["BLOCK_M"]),)](
-                x2, t2, w if w is not None else x2, loss, roww, lse, mass, R, C, *x2.stride(),
-                *st, ignore_index, float(eps), PROB=prob, SMOOTH=(not prob) and eps > 0,
-                HAS_W=w is not None, ACC=acc_tl)
+            _ce_fwd_kernel.launch(
+                lambda meta: (cdiv(R, meta["BLOCK_M"]),),
+                (x2, t2, w if w is not None else x2, loss, roww, lse, mass, R, C, *x2.stride(),
+                 *st, ignore_index, float(eps)),
+                _consts(prob, (not prob) and eps > 0, w is not None, None, x2.dtype),
+            )
         if red == 0:
             return loss, lse, mass, denom
         out = torch.empty((), dtype=out_dtype, device=dev)
@@ -215,12 +238,13 @@ def _ce_backward(grad: Tensor, x2: Tensor, t2: Tensor, w: Tensor | None, prob: b
     g = grad.reshape(-1) if red == 0 else grad
     st = t2.stride() if prob else (t2.stride(0) if R else 1, 0)
     if R and C:
-        with gemshal.device_guard(x2.device):
-            _ce_bwd_kernel[lambda meta: (triton.cdiv(R, meta["BLOCK_M"]),)](
-                x2, t2, w if w is not None else x2, lse, mass, g, denom, gi, R, C, *x2.stride(),
-                *st, g.stride(0) if red == 0 else 0, ignore_index, float(eps), PROB=prob,
-                SMOOTH=(not prob) and eps > 0, HAS_W=w is not None, MEAN=red == 1,
-                ACC=_acc(x2.dtype)[0])
+        with gemshal.device_guard(x2):
+            _ce_bwd_kernel.launch(
+                lambda meta: (cdiv(R, meta["BLOCK_M"]),),
+                (x2, t2, w if w is not None else x2, lse, mass, g, denom, gi, R, C,
+                 *x2.stride(), *st, g.stride(0) if red == 0 else 0, ignore_index, float(eps)),
+                _consts(prob, (not prob) and eps > 0, w is not None, red == 1, x2.dtype),
+            )
     return gi
 
 

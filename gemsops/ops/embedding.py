@@ -25,6 +25,7 @@ from torch import Tensor
 import gemshal
 from gemshal.autotune import autotune
 from gemsops.errors import Unsupported
+from gemsops.ops.grid import cdiv
 from gemsops.ops.pointwise_types import check_fp64
 
 __all__ = ["IMPLS", "embedding", "embedding_dense_backward"]
@@ -127,10 +128,10 @@ def _check_indices(indices: Tensor, num: int) -> Tensor:
     """The indices as a flat [n] tensor (a view when possible), checked on the CPU."""
     if indices.layout != torch.strided or indices.dtype not in _INDEX_DTYPES:
         raise Unsupported(f"indices of dtype {indices.dtype} / layout {indices.layout}")
-    flat = indices.reshape(-1)
+    flat = indices if indices.dim() == 1 else indices.reshape(-1)
     if flat.stride(0) != 1:
         flat = flat.contiguous()
-    if indices.device.type == "cpu" and flat.numel():
+    if indices.is_cpu and flat.numel():
         # No device sync here, so validate like torch (numpy: no aten op re-enters gemsops).
         arr = flat.detach().numpy()
         if arr.min() < 0 or arr.max() >= num:
@@ -151,11 +152,17 @@ def _lookup(weight: Tensor, indices: Tensor, padding_idx: int = -1,
     n = flat.numel()
     out = torch.empty((n, D), dtype=weight.dtype, device=weight.device)
     if n and D:
-        with gemshal.device_guard(weight.device):
-            _embedding_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]),
-                                            triton.cdiv(D, meta["BLOCK_D"]))](
-                flat, weight, out, n, V, D, weight.stride(0), weight.stride(1))
-    return out.view(*indices.shape, D)
+        with gemshal.device_guard(weight):
+            _embedding_kernel.launch(
+                lambda meta: (cdiv(n, meta["BLOCK_M"]), cdiv(D, meta["BLOCK_D"])),
+                (flat, weight, out, n, V, D, *weight.stride()),
+                _NO_CONSTS,
+            )
+    # A 1-D index tensor gives the [n, D] result as allocated; others take its shape.
+    return out if indices.dim() == 1 else out.view(*indices.shape, D)
+
+
+_NO_CONSTS: dict[str, Any] = {}  # shared, never changed
 
 
 def embedding(weight: Tensor, indices: Tensor, padding_idx: int = -1,
@@ -228,17 +235,17 @@ def embedding_dense_backward(grad_output: Tensor, indices: Tensor, num_weights: 
     with gemshal.device_guard(dev):
         for buf in (acc, count) if scale_grad_by_freq else (acc,):
             total = buf.numel()
-            _zero_kernel[lambda meta, t=total: (triton.cdiv(t, meta["BLOCK"]),)](buf, total)
+            _zero_kernel[lambda meta, t=total: (cdiv(t, meta["BLOCK"]),)](buf, total)
         if n:
             if scale_grad_by_freq:
-                _count_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](
+                _count_kernel[lambda meta: (cdiv(n, meta["BLOCK"]),)](
                     flat, count, n, V, int(padding_idx))
-            _scatter_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]),
-                                          triton.cdiv(D, meta["BLOCK_D"]))](
+            _scatter_kernel[lambda meta: (cdiv(n, meta["BLOCK_M"]),
+                                          cdiv(D, meta["BLOCK_D"]))](
                 g, flat, acc, n, V, D, int(padding_idx))
         if not direct:
-            _finish_kernel[lambda meta: (triton.cdiv(V, meta["BLOCK_M"]),
-                                         triton.cdiv(D, meta["BLOCK_D"]))](
+            _finish_kernel[lambda meta: (cdiv(V, meta["BLOCK_M"]),
+                                         cdiv(D, meta["BLOCK_D"]))](
                 acc, count, out, V, D, SCALE=scale_grad_by_freq)
     return out
 

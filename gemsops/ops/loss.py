@@ -20,6 +20,7 @@ from torch import Tensor
 import gemshal
 from gemshal.autotune import autotune
 from gemsops.errors import Unsupported
+from gemsops.ops.grid import cdiv
 from gemsops.ops.pointwise_types import check_fp64
 
 __all__ = ["IMPLS", "nll_loss", "nll_loss_backward", "nll_loss_forward"]
@@ -129,10 +130,10 @@ def _class_targets(target: Tensor, R: int, C: int, ignore_index: int) -> Tensor:
     """Class targets as a flat [R] tensor, range-checked on the CPU (IndexError, as torch)."""
     if target.dtype not in _TARGETS:
         raise Unsupported(f"class targets of dtype {target.dtype}")
-    flat = target.reshape(-1)
+    flat = target if target.dim() == 1 else target.reshape(-1)
     if flat.numel() != R:
         raise Unsupported("target does not match the input's batch shape")
-    if target.device.type == "cpu" and R:
+    if target.is_cpu and R:
         arr = flat.detach().numpy()
         bad = arr[(arr != ignore_index) & ((arr < 0) | (arr >= C))]
         if bad.size:
@@ -158,9 +159,17 @@ def _reduction(reduction: int | str) -> int:
     return code
 
 
+_REDUCE_CONSTS: dict[tuple[bool, bool, Any], dict[str, Any]] = {}
+
+
 def _reduce(loss: Tensor, roww: Tensor, out: Tensor, denom: Tensor, R: int, mean: bool,
             per_row: bool, acc: Any) -> None:
-    _reduce_kernel[(1,)](loss, roww, out, denom, R, MEAN=mean, PER_ROW=per_row, ACC=acc)
+    key = (mean, per_row, acc)
+    consts = _REDUCE_CONSTS.get(key)
+    if consts is None:
+        # One dict per key, never changed.
+        consts = _REDUCE_CONSTS[key] = {"MEAN": mean, "PER_ROW": per_row, "ACC": acc}
+    _reduce_kernel.launch((1,), (loss, roww, out, denom, R), consts)
 
 
 def nll_loss_forward(self: Tensor, target: Tensor, weight: Tensor | None, reduction: int,
@@ -195,7 +204,7 @@ def nll_loss_forward(self: Tensor, target: Tensor, weight: Tensor | None, reduct
     unreduced = red == 0 and self.dim() == 2
     loss = torch.empty(R, dtype=self.dtype if unreduced else acc_t, device=dev)
     with gemshal.device_guard(dev):
-        _nll_rows_kernel[lambda meta: (max(1, triton.cdiv(R, meta["BLOCK_M"])),)](
+        _nll_rows_kernel[lambda meta: (max(1, cdiv(R, meta["BLOCK_M"])),)](
             x2, t, w if w is not None else x2, loss, roww, total, R, C, *x2.stride(),
             t.stride(0) if R else 1, int(ignore_index),
             ZERO_TOTAL=unreduced, HAS_W=w is not None, ACC=acc_tl)
@@ -229,8 +238,8 @@ def nll_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight:
     gi = torch.empty(self.shape, dtype=self.dtype, device=self.device)
     if R and C:
         with gemshal.device_guard(self.device):
-            _nll_bwd_kernel[lambda meta: (triton.cdiv(R, meta["BLOCK_M"]),
-                                          triton.cdiv(C, meta["BLOCK_C"]))](
+            _nll_bwd_kernel[lambda meta: (cdiv(R, meta["BLOCK_M"]),
+                                          cdiv(C, meta["BLOCK_C"]))](
                 g, t, w if w is not None else gi, total_weight, gi, R, C, stride_g,
                 t.stride(0), int(ignore_index), MEAN=red == 1, HAS_W=w is not None,
                 ACC=_acc(self.dtype)[0])

@@ -22,6 +22,7 @@ from torch import Tensor
 import gemshal
 from gemshal.autotune import autotune
 from gemsops.errors import Unsupported
+from gemsops.ops.grid import cdiv
 from gemsops.ops.pointwise_types import check_fp64
 
 __all__ = ["IMPLS", "addmm", "bmm", "mm"]
@@ -222,7 +223,7 @@ def _split_k(batch: int, M: int, N: int, K: int, sms: int) -> int:
     """
     if batch != 1 or M > 64 or K < 1024:
         return 1
-    tiles = triton.cdiv(M, 64) * triton.cdiv(N, 128)
+    tiles = cdiv(M, 64) * cdiv(N, 128)
     split = min(16, sms // max(tiles, 1), K // 512)
     return 1 if split < 2 else 1 << (split.bit_length() - 1)
 
@@ -235,25 +236,42 @@ def _precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float64 else None
 
 
-def _strides3(t: Tensor) -> tuple[int, ...]:
-    # (batch, row, col) strides of a 2-D or 3-D operand; a matrix is a batch of one.
-    st = t.stride()
-    return st if len(st) == 3 else (0, *st)
+_CONSTS: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+
+
+def _consts(
+    dtype: torch.dtype, has_bias: bool, precision: str | None, split: int
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The constant keywords of the mv, mm and split-K reduce launches (cached: one dict
+    per key, never changed, so the launcher recognises it)."""
+    interpreter = gemshal.current_vendor().is_cpu  # the cpu vendor runs the interpreter
+    key = (dtype, has_bias, precision, split, interpreter)
+    try:
+        return _CONSTS[key]
+    except KeyError:
+        pass
+    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    # The interpreter multiplies bf16 tiles as raw 16-bit integers; widen them first.
+    upcast = interpreter and dtype == torch.bfloat16
+    mv = {"HAS_BIAS": has_bias, "ACC": acc}
+    # A split-K first pass writes float partials without the epilogue.
+    mm = {"SPLIT_K": split, "HAS_BIAS": has_bias and split == 1, "ACC": acc,
+          "UPCAST": upcast, "PRECISION": precision}
+    reduce = {"SPLIT_K": split, "HAS_BIAS": has_bias, "ACC": acc}
+    consts = _CONSTS[key] = (mv, mm, reduce)
+    return consts
 
 
 def _launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, beta: float,
             split_k: int | None = None) -> None:
     """c[i] = alpha * a[i] @ b[i] (+ beta * bias[i]) for 2-D or 3-D a, b, c (and bias)."""
-    batch = a.shape[0] if a.dim() == 3 else 1
-    M, K = a.shape[-2], a.shape[-1]
+    shape = a.shape
+    batch = shape[0] if len(shape) == 3 else 1
+    M, K = shape[-2], shape[-1]
     N = b.shape[-1]
     if batch == 0 or M == 0 or N == 0:
         return
     dtype = a.dtype
-    interpreter = gemshal.current_vendor().is_cpu  # the cpu vendor runs the interpreter
-    acc = tl.float64 if dtype == torch.float64 else tl.float32
-    # The interpreter multiplies bf16 tiles as raw 16-bit integers; widen them first.
-    upcast = interpreter and dtype == torch.bfloat16
     single_row = batch == 1 and M == 1 and split_k is None
     if split_k is not None:
         split = split_k
@@ -262,31 +280,43 @@ def _launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, 
     else:
         split = _split_k(batch, M, N, K, gemshal.device_of(a).multiprocessor_count)
     s = bias if bias is not None else c
-    sa, sb, sc, ss = _strides3(a), _strides3(b), _strides3(c), _strides3(s)
-    precision = _precision(dtype)
-    with gemshal.device_guard(a.device):
+    # (batch, row, col) strides: a matrix is a batch of one.
+    sa, sb, sc, ss = a.stride(), b.stride(), c.stride(), s.stride()
+    if len(sa) == 2:
+        sa = (0, *sa)
+    if len(sb) == 2:
+        sb = (0, *sb)
+    if len(sc) == 2:
+        sc = (0, *sc)
+    if len(ss) == 2:
+        ss = (0, *ss)
+    mv, mm, reduce = _consts(dtype, bias is not None, _precision(dtype), split)
+    with gemshal.device_guard(a):
         if single_row:
             # One row (decode with a single sequence): the matrix-vector kernel.
-            _mv_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](
+            _mv_kernel[lambda meta: (cdiv(N, meta["BLOCK_N"]),)](
                 a, b, c, s, N, K, sa[2], sb[1], sb[2], sc[2], ss[2], alpha, beta,
-                int(sb[1] == 1), HAS_BIAS=bias is not None, ACC=acc)
+                int(sb[1] == 1), **mv)
             return
         if split == 1:
-            _mm_kernel[lambda meta: (
-                batch * triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), 1)](
-                a, b, c, s, M, N, K, *sa, *sb, *sc, *ss, alpha, beta, SPLIT_K=1,
-                HAS_BIAS=bias is not None, ACC=acc, UPCAST=upcast, PRECISION=precision)
+            _mm_kernel.launch(
+                lambda meta: (batch * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), 1),
+                (a, b, c, s, M, N, K, *sa, *sb, *sc, *ss, alpha, beta),
+                mm,
+            )
             return
         work = torch.empty((split, M, N), device=a.device,
                            dtype=torch.float64 if dtype == torch.float64 else torch.float32)
-        _mm_kernel[lambda meta: (
-            triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), split)](
-            a, b, work, s, M, N, K, *sa, *sb, *work.stride(), *ss, 1.0, 0.0, SPLIT_K=split,
-            HAS_BIAS=False, ACC=acc, UPCAST=upcast, PRECISION=precision)
-        _splitk_reduce_kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),
-                                            triton.cdiv(N, meta["BLOCK_N"]))](
-            work, c, s, M, N, *sc[1:], *ss[1:], alpha, beta, SPLIT_K=split,
-            HAS_BIAS=bias is not None, ACC=acc)
+        _mm_kernel.launch(
+            lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), split),
+            (a, b, work, s, M, N, K, *sa, *sb, *work.stride(), *ss, 1.0, 0.0),
+            mm,
+        )
+        _splitk_reduce_kernel.launch(
+            lambda meta: (cdiv(M, meta["BLOCK_M"]), cdiv(N, meta["BLOCK_N"])),
+            (work, c, s, M, N, *sc[1:], *ss[1:], alpha, beta),
+            reduce,
+        )
 
 
 def _prepare_out(out: Tensor, shape: tuple[int, ...], dtype: torch.dtype,

@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import triton
 import triton.language as tl
 from torch import Tensor
 
 import gemshal
 from gemsops.errors import Unsupported
+from gemsops.ops.grid import cdiv
 from gemsops.ops.norm_kernels import KERNELS as _KERNELS
 from gemsops.ops.norm_kernels import column_sum_kernel as _column_sum_kernel
 from gemsops.ops.pointwise_types import check_fp64
@@ -46,23 +46,52 @@ def _acc(dtype: torch.dtype) -> tuple[Any, torch.dtype]:
     return (tl.float64, torch.float64) if dtype == torch.float64 else (tl.float32, torch.float32)
 
 
-def _rows(x: Tensor, normalized_shape: Sequence[int], *params: Tensor | None) -> tuple[int, int]:
-    """Check the inputs as the aten kernels do; return (rows, row length)."""
+def _rows(x: Tensor, ns: tuple[int, ...], *params: Tensor | None) -> tuple[int, int]:
+    """Check the inputs as the aten kernels do; return (rows, row length).
+
+    ``ns`` is the normalized shape as a tuple of ints (from :func:`_shape`).
+    """
     if x.layout != torch.strided or x.dtype not in _FLOATS:
         raise Unsupported(f"norm of a {x.layout} {x.dtype} tensor")
-    ns = tuple(int(s) for s in normalized_shape)
-    if not ns or x.dim() < len(ns) or tuple(x.shape[x.dim() - len(ns):]) != ns:
+    shape = x.shape
+    k = len(ns)
+    # torch.Size is a tuple: its trailing slice compares with ns directly.
+    if not k or len(shape) < k or shape[len(shape) - k:] != ns:
         raise Unsupported("normalized_shape does not match the input's trailing dims")
+    device = x.device
     for p in params:
         if p is not None and (p.layout != torch.strided or p.dtype not in _FLOATS
-                              or p.device != x.device or tuple(p.shape) != ns):
+                              or p.device != device or p.shape != ns):
             raise Unsupported("weight/bias shape, dtype, layout or device unsupported")
     check_fp64(x.dtype)
     N = math.prod(ns)
-    M = x.numel() // N if N else math.prod(x.shape[: x.dim() - len(ns)])
+    M = x.numel() // N if N else math.prod(shape[: len(shape) - k])
     if N == 0 and M != 0:
         raise Unsupported("empty normalized shape")  # torch defines stats of 0 elements
     return M, N
+
+
+_CONSTS: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def _consts(pass_: int, rms: bool, dtype: torch.dtype, has_w: bool, has_b: bool
+            ) -> dict[str, Any]:
+    """The constant keywords of a forward (pass 0), backward (1) or weight-grad (2)
+    launch (cached: one dict per key, never changed)."""
+    key = (pass_, rms, dtype, has_w, has_b)
+    try:
+        return _CONSTS[key]
+    except KeyError:
+        pass
+    acc = _acc(dtype)[0]
+    if pass_ == 0:
+        consts = {"IS_RMS": rms, "HAS_W": has_w, "HAS_B": has_b, "ACC": acc}
+    elif pass_ == 1:
+        consts = {"IS_RMS": rms, "HAS_W": has_w, "ACC": acc}
+    else:
+        consts = {"IS_RMS": rms, "HAS_DB": has_b, "ACC": acc}
+    _CONSTS[key] = consts
+    return consts
 
 
 def _as_rows(t: Tensor, M: int, N: int) -> tuple[Tensor, int]:
@@ -81,26 +110,30 @@ def _flat(t: Tensor | None) -> Tensor | None:
     return t if t is None or t.is_contiguous() else t.contiguous()
 
 
-def _forward(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,
+def _forward(x: Tensor, normalized_shape: tuple[int, ...], weight: Tensor | None,
              bias: Tensor | None, eps: float, rms: bool,
              stat_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
     M, N = _rows(x, normalized_shape, weight, bias)
     axis = x.dim() - len(normalized_shape)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    stat_shape = (*x.shape[:axis], *([1] * len(normalized_shape)))
-    rstd = torch.empty(stat_shape, dtype=stat_dtype, device=x.device)
+    # empty_like with a contiguous format: torch.empty(x.shape, ...)'s result, cheaper.
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    stat_shape = (*x.shape[:axis], *((1,) * len(normalized_shape)))
+    device = x.device
+    rstd = torch.empty(stat_shape, dtype=stat_dtype, device=device)
     # RMS norm has no mean: its slot repeats rstd (never written by the kernel).
-    mean = rstd if rms else torch.empty(stat_shape, dtype=stat_dtype, device=x.device)
+    mean = rstd if rms else torch.empty(stat_shape, dtype=stat_dtype, device=device)
     if M == 0:
         return y, mean, rstd
     x2, stride_x = _as_rows(x, M, N)
     w, b = _flat(weight), _flat(bias)
-    kernel = _KERNELS[rms][0]
-    with gemshal.device_guard(x.device):
-        kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)](
-            x2, w if w is not None else x2, b if b is not None else x2, y, mean, rstd,
-            M, N, stride_x, N, float(eps),
-            IS_RMS=rms, HAS_W=w is not None, HAS_B=b is not None, ACC=_acc(x.dtype)[0])
+    consts = _consts(0, rms, x.dtype, w is not None, b is not None)
+    with gemshal.device_guard(x):
+        _KERNELS[rms][0].launch(
+            lambda meta: (cdiv(M, meta["BLOCK_M"]),),
+            (x2, w if w is not None else x2, b if b is not None else x2, y, mean, rstd,
+             M, N, stride_x, N, float(eps)),
+            consts,
+        )
     return y, mean, rstd
 
 
@@ -108,29 +141,30 @@ def _param_grads(dy2: Tensor, sdy: int, x2: Tensor, sx: int, mean: Tensor, rstd:
                  M: int, N: int, rms: bool, dw_dtype: torch.dtype, db_dtype: torch.dtype | None
                  ) -> tuple[Tensor, Tensor | None]:
     """Column sums: grad_weight = sum(dy * x_hat), grad_bias = sum(dy) over the M rows."""
-    acc_tl, acc_t = _acc(x2.dtype)
+    acc_t = _acc(x2.dtype)[1]
     # Row slices per column block: enough programs to fill the device, slices of >= 32 rows.
     # No rows (M = 0): no partials, and the column sums below write zeros.
-    parts = min(triton.cdiv(M, 32), 4 * gemshal.device_of(x2).multiprocessor_count)
-    rows_per = triton.cdiv(M, max(parts, 1))
-    parts = triton.cdiv(M, rows_per) if M else 0
+    parts = min(cdiv(M, 32), 4 * gemshal.device_of(x2).multiprocessor_count)
+    rows_per = cdiv(M, max(parts, 1))
+    parts = cdiv(M, rows_per) if M else 0
     dev = x2.device
     pw = torch.empty((parts, N), dtype=acc_t, device=dev)
     pb = torch.empty((parts, N), dtype=acc_t, device=dev) if db_dtype is not None else pw
     dw = torch.empty(N, dtype=dw_dtype, device=dev)
     db = torch.empty(N, dtype=db_dtype, device=dev) if db_dtype is not None else None
-    kernel = _KERNELS[rms][2]
     if parts:
-        kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), parts)](
-            dy2, x2, mean, rstd, pw, pb, M, N, sdy, sx, rows_per,
-            IS_RMS=rms, HAS_DB=db is not None, ACC=acc_tl)
+        _KERNELS[rms][2].launch(
+            lambda meta: (cdiv(N, meta["BLOCK_N"]), parts),
+            (dy2, x2, mean, rstd, pw, pb, M, N, sdy, sx, rows_per),
+            _consts(2, rms, x2.dtype, False, db is not None),
+        )
     for part, out in ((pw, dw), (pb, db)):
         if out is not None:
-            _column_sum_kernel[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](part, out, parts, N)
+            _column_sum_kernel[lambda meta: (cdiv(N, meta["BLOCK_N"]),)](part, out, parts, N)
     return dw, db
 
 
-def _backward(dy: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Tensor | None,
+def _backward(dy: Tensor, x: Tensor, normalized_shape: tuple[int, ...], mean: Tensor | None,
               rstd: Tensor, weight: Tensor | None, bias: Tensor | None,
               mask: Sequence[bool], rms: bool) -> tuple[Tensor | None, ...]:
     M, N = _rows(x, normalized_shape, weight, bias)
@@ -140,7 +174,7 @@ def _backward(dy: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Tens
         raise Unsupported("statistics do not match the input")
     want_dx, want_dw = bool(mask[0]), bool(mask[1]) and weight is not None
     want_db = (not rms) and bool(mask[2]) and bias is not None
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format) if want_dx else None
     (x2, sx), (dy2, sdy) = _as_rows(x, M, N), _as_rows(dy, M, N)
     rstd_f = rstd if rstd.is_contiguous() else rstd.contiguous()
     # RMS norm has no mean: its slot repeats rstd (never read by the kernels).
@@ -148,12 +182,13 @@ def _backward(dy: Tensor, x: Tensor, normalized_shape: Sequence[int], mean: Tens
     assert mean_f is not None
     w = _flat(weight)
     dw = db = None
-    with gemshal.device_guard(x.device):
+    with gemshal.device_guard(x):
         if dx is not None and M:
-            kernel = _KERNELS[rms][1]
-            kernel[lambda meta: (triton.cdiv(M, meta["BLOCK_M"]),)](
-                dy2, x2, w if w is not None else x2, mean_f, rstd_f, dx, M, N, sdy, sx, N,
-                IS_RMS=rms, HAS_W=w is not None, ACC=_acc(x.dtype)[0])
+            _KERNELS[rms][1].launch(
+                lambda meta: (cdiv(M, meta["BLOCK_M"]),),
+                (dy2, x2, w if w is not None else x2, mean_f, rstd_f, dx, M, N, sdy, sx, N),
+                _consts(1, rms, x.dtype, w is not None, False),
+            )
         if want_dw or want_db:
             dw_dtype = weight.dtype if weight is not None else x.dtype
             db_dtype = bias.dtype if want_db and bias is not None else None
@@ -172,7 +207,7 @@ def _ln_stat_dtype(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> tor
             and p.dtype == torch.float32
         if p is not None and p.dtype != x.dtype and not mixed:
             raise Unsupported("weight/bias dtype differs from the input's")
-    if x.device.type != "cpu":
+    if not x.is_cpu:
         return _acc(x.dtype)[1]
     # torch's CPU kernel keeps the statistics in the input dtype, or in the parameters'
     # when a half input has fp32 parameters.
@@ -183,7 +218,7 @@ def _ln_stat_dtype(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> tor
 def _shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(normalized_shape, int):
         return (normalized_shape,)
-    return tuple(int(s) for s in normalized_shape)
+    return tuple(map(int, normalized_shape))
 
 
 def native_layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,

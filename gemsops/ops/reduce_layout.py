@@ -127,16 +127,38 @@ def check_input(x: torch.Tensor, *, floating_only: bool = False) -> None:
     """
     if x.layout != torch.strided:
         raise Unsupported(f"layout {x.layout}")
-    reason = _refusal(gemshal.current_vendor(), x.dtype, x.device.type, floating_only)
+    reason = refusal(x.dtype, x.device, floating_only)
     if reason is not None:
         raise Unsupported(reason)
 
 
-@functools.lru_cache(maxsize=256)
+_REFUSALS: tuple[object, dict[tuple[torch.dtype, torch.device, bool], str | None]] = (None, {})
+
+
+def refusal(dtype: torch.dtype, device: torch.device, floating_only: bool) -> str | None:
+    """Why the kernels refuse a tensor of ``dtype`` on ``device``, or None (cached).
+
+    The answer depends only on these and the vendor; it is kept per (dtype, device)
+    because ``device.type`` alone costs more than the lookup, and the launch path is
+    paid per call. A vendor switch starts a new table.
+    """
+    global _REFUSALS
+    vendor = gemshal.current_vendor()
+    owner, table = _REFUSALS
+    if owner is not vendor:
+        table = {}
+        _REFUSALS = (vendor, table)
+    key = (dtype, device, floating_only)
+    try:
+        return table[key]
+    except KeyError:
+        reason = table[key] = _refusal(vendor, dtype, device.type, floating_only)
+        return reason
+
+
 def _refusal(
     vendor: VendorInfo, dtype: torch.dtype, device_type: str, floating_only: bool
 ) -> str | None:
-    # Cached: the answer depends only on these, and the launch path is paid per call.
     if dtype not in _SUPPORTED or (floating_only and dtype not in _FLOATS):
         return f"dtype {dtype}"
     if device_type != vendor.device_type:
@@ -156,13 +178,27 @@ def check_dtype(dtype: torch.dtype) -> None:
 
     Bool results of sums and products are left to torch (they are not a count).
     """
+    vendor = gemshal.current_vendor()
+    try:
+        reason = _DTYPE_REFUSALS[vendor, dtype]
+    except KeyError:
+        reason = _DTYPE_REFUSALS[vendor, dtype] = _dtype_refusal(vendor, dtype)
+    if reason is not None:
+        raise Unsupported(reason)
+
+
+_DTYPE_REFUSALS: dict[tuple[VendorInfo, torch.dtype], str | None] = {}
+
+
+def _dtype_refusal(vendor: VendorInfo, dtype: torch.dtype) -> str | None:
     if dtype not in _SUPPORTED or dtype == torch.bool:
-        raise Unsupported(f"result dtype {dtype}")
-    caps = gemshal.current_vendor().capabilities
+        return f"result dtype {dtype}"
+    caps = vendor.capabilities
     if dtype == torch.float64 and not caps.fp64:
-        raise Unsupported("float64 on a device without fp64")
+        return "float64 on a device without fp64"
     if not caps.int64 and not dtype.is_floating_point:
-        raise Unsupported("integer result needs int64 on the device")
+        return "integer result needs int64 on the device"
+    return None
 
 
 def kernel_view(x: torch.Tensor) -> torch.Tensor:
@@ -360,7 +396,10 @@ def split(lay: Layout) -> tuple[int, int]:
     tall matrix) are split so the whole device works; a second launch combines the
     partial results. Returns ``(splits, chunk)``; ``splits == 1`` means one pass.
     """
-    return split_sizes(lay.M, lay.N, lay.K, gemshal.device_of(lay.src).multiprocessor_count)
+    m, n, k = lay.M, lay.N, lay.K
+    if m * n * k < SPLIT_MIN_TOTAL:
+        return 1, max(n, 1)  # split_sizes' answer, without looking up the device
+    return split_sizes(m, n, k, gemshal.device_of(lay.src).multiprocessor_count)
 
 
 def split_sizes(m: int, n: int, k: int, sms: int) -> tuple[int, int]:

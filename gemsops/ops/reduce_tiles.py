@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 import gemshal
+from gemsops.ops.grid import cdiv
 from gemsops.ops.reduce_layout import Layout
 
 __all__ = ["chunk_tile", "launch", "mid_block", "row_block", "split_bounds"]
@@ -87,18 +88,25 @@ def launch(
 ) -> None:
     """Launch ``rows_kernel`` (``lay.K == 1``) or ``mid_kernel`` over ``lay``.
 
-    The kernels take ``(lay.src, *pointers, M, N[, K], stride_m, stride_n, *scalars,
-    **consts)``; their grid is the row blocks (rows form) or the ``M * cdiv(K, BLOCK_K)``
-    column blocks, by ``parts`` along axis 1 when given.
+    Both are :mod:`gemshal.autotune` kernels, launched through their ``launch`` with
+    the arguments as one tuple; ``consts`` is passed on as it is (callers keep one dict
+    per constant set and never change it). The kernels take ``(lay.src, *pointers, M,
+    N[, K], stride_m, stride_n, *scalars, **consts)``; their grid is the row blocks
+    (rows form) or the ``M * cdiv(K, BLOCK_K)`` column blocks, by ``parts`` along axis 1
+    when given.
     """
-    src, m, n, k = lay.src, lay.M, lay.N, lay.K
+    src, m, n, k, stride_m, stride_n = lay
     tail = () if parts is None else (parts,)
-    with gemshal.device_guard(src.device):
+    with gemshal.device_guard(src):
         if k == 1:
-            rows_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), *tail)](
-                src, *pointers, m, n, lay.stride_m, lay.stride_n, *scalars, **consts
+            rows_kernel.launch(
+                lambda meta: (cdiv(m, meta["BLOCK_M"]), *tail),
+                (src, *pointers, m, n, stride_m, stride_n, *scalars),
+                consts,
             )
         else:
-            mid_kernel[lambda meta: (m * triton.cdiv(k, meta["BLOCK_K"]), *tail)](
-                src, *pointers, m, n, k, lay.stride_m, lay.stride_n, *scalars, **consts
+            mid_kernel.launch(
+                lambda meta: (m * cdiv(k, meta["BLOCK_K"]), *tail),
+                (src, *pointers, m, n, k, stride_m, stride_n, *scalars),
+                consts,
             )

@@ -12,7 +12,8 @@ the inner run first. What a call decides from shapes and dtypes alone is cached.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+import math
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -155,19 +156,20 @@ def _launch(
     out: Tensor,
     parts: int,
     chunk: int,
-    op: int,
-    acc: torch.dtype,
-    init: float | int,
+    consts: dict[str, Any],
     count: int | None,
 ) -> None:
     """Run one pass over ``lay`` writing ``parts`` values per output into ``out``.
 
-    With a ``count`` the results are divided by it (a mean; 0 gives nan like torch).
+    ``consts`` is one of :func:`_consts`' dicts; with a ``count`` (and ``MEAN`` set in
+    ``consts``) the results are divided by it (a mean; 0 gives nan like torch).
     """
-    mean = count is not None
-    divisor = count or 0
-    consts = {"OP": op, "ACC": tl_dtype(acc), "INIT": init, "MEAN": mean}
-    launch(_reduce_rows_kernel, _reduce_mid_kernel, lay, (out,), (chunk, divisor), consts, parts)
+    launch(_reduce_rows_kernel, _reduce_mid_kernel, lay, (out,), (chunk, count or 0), consts, parts)
+
+
+def _consts(op: int, acc: torch.dtype, init: float | int, mean: bool) -> dict[str, Any]:
+    """The kernels' constant keywords (built once per recipe, never changed)."""
+    return {"OP": op, "ACC": tl_dtype(acc), "INIT": init, "MEAN": mean}
 
 
 def _runs(dims: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -190,6 +192,9 @@ class _Recipe(NamedTuple):
     convert: bool  # convert the input to the result dtype first
     view: tuple[int, int, int, int, int] | None  # (M, N, K, stride_m, stride_n)
     runs: tuple[tuple[int, ...], ...]
+    empty: bool  # the result has no elements
+    plain: dict[str, Any]  # the kernels' keywords for a pass that does not divide
+    mean: dict[str, Any]  # ... and for one that divides by the count
 
 
 @functools.lru_cache(maxsize=4096)
@@ -221,13 +226,17 @@ def _recipe(
         convert = not exact and (dtype.is_floating_point or out_dtype.is_floating_point)
     if dtype.is_floating_point:
         init = float(init)  # an int `other` reaches bfloat16 loads as raw bits
+    out_shape = reduced_shape(shape, dims, keepdim)
     return _Recipe(
-        reduced_shape(shape, dims, keepdim),
+        out_shape,
         acc,
         init,
         convert,
         view(shape, strides, dims),
         tuple(_runs(dims)),
+        math.prod(out_shape) == 0,
+        _consts(op, acc, init, False),
+        _consts(op, acc, init, True),
     )
 
 
@@ -251,7 +260,7 @@ def reduce(
     if r.convert:
         return reduce(x.to(out_dtype), dims, keepdim, op, out_dtype, count=count, converted=True)
     out = torch.empty(r.out_shape, dtype=out_dtype, device=x.device)
-    if out.numel() == 0:
+    if r.empty:
         return out
     src = kernel_view(x)
     if r.view is not None:
@@ -272,10 +281,11 @@ def reduce(
         lay = planned
     parts, chunk = split(lay)
     out_view = kernel_view(out)
+    final = r.plain if count is None else r.mean
     if parts == 1:
-        _launch(lay, out_view, 1, lay.N, op, r.acc, r.init, count)
+        _launch(lay, out_view, 1, lay.N, final, count)
         return out
     partial = part_buffer(lay, parts, r.acc)
-    _launch(lay, partial, parts, chunk, op, r.acc, r.init, None)
-    _launch(part_layout(lay, partial), out_view, 1, parts, op, r.acc, r.init, count)
+    _launch(lay, partial, parts, chunk, r.plain, None)
+    _launch(part_layout(lay, partial), out_view, 1, parts, final, count)
     return out

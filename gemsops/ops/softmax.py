@@ -256,8 +256,17 @@ def _softmax_backward_mid_kernel(
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _acc(dtype: torch.dtype) -> tl.dtype:
-    return tl_dtype(torch.float64 if dtype == torch.float64 else torch.float32)
+_CONSTS: dict[tuple[torch.dtype, bool], dict[str, Any]] = {}
+
+
+def _consts(dtype: torch.dtype, log: bool) -> dict[str, Any]:
+    """The kernels' constant keywords for ``dtype`` (one dict per key, never changed)."""
+    try:
+        return _CONSTS[dtype, log]
+    except KeyError:
+        acc = tl_dtype(torch.float64 if dtype == torch.float64 else torch.float32)
+        consts = _CONSTS[dtype, log] = {"LOG": log, "ACC": acc}
+        return consts
 
 
 def _forward(x: Tensor, dim: int, half_to_float: bool, log: bool) -> Tensor:
@@ -265,18 +274,15 @@ def _forward(x: Tensor, dim: int, half_to_float: bool, log: bool) -> Tensor:
     if half_to_float and x.dtype != torch.float16:
         raise Unsupported("half_to_float needs a float16 input")
     d = wrap_dim(dim, x.dim())
-    out = torch.empty(x.shape, dtype=torch.float32 if half_to_float else x.dtype, device=x.device)
-    if out.numel() == 0:
+    # empty_like with a contiguous format: torch.empty(x.shape, ...)'s result, cheaper.
+    if half_to_float:
+        out = torch.empty_like(x, dtype=torch.float32, memory_format=torch.contiguous_format)
+    else:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if x.numel() == 0:
         return out
     lay = line_layout(x, d)
-    launch(
-        _softmax_rows_kernel,
-        _softmax_mid_kernel,
-        lay,
-        (out,),
-        (),
-        {"LOG": log, "ACC": _acc(x.dtype)},
-    )
+    launch(_softmax_rows_kernel, _softmax_mid_kernel, lay, (out,), (), _consts(x.dtype, log))
     return out
 
 
@@ -291,8 +297,8 @@ def _backward(grad: Tensor, y: Tensor, dim: int, input_dtype: torch.dtype, log: 
     ):
         raise Unsupported(f"input_dtype {input_dtype} with {grad.dtype} gradients")
     d = wrap_dim(dim, grad.dim())
-    out = torch.empty(grad.shape, dtype=input_dtype, device=grad.device)
-    if out.numel() == 0:
+    out = torch.empty_like(grad, dtype=input_dtype, memory_format=torch.contiguous_format)
+    if grad.numel() == 0:
         return out
     gl, yl = line_layout(grad, d), line_layout(y, d)
     launch(
@@ -301,7 +307,7 @@ def _backward(grad: Tensor, y: Tensor, dim: int, input_dtype: torch.dtype, log: 
         gl,
         (yl.src, out),
         (yl.stride_m, yl.stride_n),
-        {"LOG": log, "ACC": _acc(grad.dtype)},
+        _consts(grad.dtype, log),
     )
     return out
 
