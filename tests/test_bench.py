@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import gemshal
 from gemsops.cli import main
 
 
@@ -55,13 +56,14 @@ def test_kernel_profile_names_each_side_and_its_busiest_ops(tmp_path: Path) -> N
     assert text.count("aten::sum") >= 2  # torch's call, and the aten call gemsops served
 
 
-def test_model_case_matches_torch_and_skips_graphs_on_the_interpreter(
+def test_model_case_matches_torch_and_reports_graph_replay(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--model` trains the tiny Llama step on both sides: same loss and gradients as torch,
-    gemsops serving its ops, timings per side, graph replay skipped with the reason."""
+    """`--model --tiny` trains the tiny Llama step on both sides: same loss and gradients as
+    torch, gemsops serving its ops, timings per side; graph replay timed on a device with
+    graphs, skipped with the reason on the interpreter."""
     out = tmp_path / "model.json"
-    assert main(["bench", "--model", "--json", str(out)]) == 0
+    assert main(["bench", "--model", "--tiny", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
     assert result["rows"] == [] and "host_us" not in result  # the model case alone
@@ -77,10 +79,14 @@ def test_model_case_matches_torch_and_skips_graphs_on_the_interpreter(
                "silu.default", "cross_entropy_loss.default", "embedding.default"):  # fmt: skip
         assert op in model["gemsops_served"], op
     assert model["gemsops_fallbacks"] == {}
-    assert "interpreter" in model["graph_forward"]["skipped"]
-    assert not any(k.endswith("_ms") for k in model["graph_forward"])
     assert "model eager step: torch " in printed
-    assert "model graph forward: skipped (the Triton interpreter" in printed
+    if gemshal.current_device().interpreter:
+        assert "interpreter" in model["graph_forward"]["skipped"]
+        assert not any(k.endswith("_ms") for k in model["graph_forward"])
+        assert "model graph forward: skipped (the Triton interpreter" in printed
+    else:
+        graph = model["graph_forward"]
+        assert graph["torch_ms"] > 0 and graph["gemsops_ms"] > 0, graph
 
 
 def test_model_lines_render_from_saved_json_with_graph_times(
