@@ -1,7 +1,12 @@
-"""Host time per call of small ops: torch against gemsops (``use_gems``), 2000 calls after
-50 warm-up calls, one synchronize, median of 5 repeats; then cProfiles. On a GPU machine:
+"""Host time per call of small ops: torch against gemsops (``use_gems``); then cProfiles.
 
-    GEMS_AUTOTUNE=0 PYTHONPATH=. python3 .ci/host_probe.py OUT_DIR [LABEL]
+Two numbers per side: ``host``, the wall time of issuing 200 calls (fewer than the
+device's launch queue holds, so no launch waits for the device) after a synchronize, and
+``total``, 2000 calls after 50 warm-up calls and one synchronize (the device's time
+shows there when the kernel is slower than the host). Medians of 5 repeats. On a GPU
+machine:
+
+    PYTHONPATH=. python3 .ci/host_probe.py OUT_DIR [LABEL]
 
 writes OUT_DIR/host-probe-LABEL.txt. With gemsops' tree at PYTHONPATH it times the direct
 launch path (GEMS_LAUNCH=direct) and JITFunction.run (GEMS_LAUNCH=jit) side by side; an
@@ -54,18 +59,24 @@ cases = {
 }
 
 
-def per_call(fn, calls=2000, repeats=5):
+def per_call(fn, calls=2000, repeats=5, issued=200):
     for _ in range(50):
         fn()
     sync()
-    samples = []
+    host, total = [], []
     for _ in range(repeats):
+        sync()
+        t = time.perf_counter()
+        for _ in range(issued):
+            fn()
+        host.append((time.perf_counter() - t) / issued * 1e6)
+        sync()
         t = time.perf_counter()
         for _ in range(calls):
             fn()
         sync()
-        samples.append((time.perf_counter() - t) / calls * 1e6)
-    return statistics.median(samples)
+        total.append((time.perf_counter() - t) / calls * 1e6)
+    return statistics.median(host), statistics.median(total)
 
 
 def set_mode(mode):
@@ -75,11 +86,11 @@ def set_mode(mode):
 
 
 modes = ("direct", "jit") if launch else ("tree",)
-lines = [f"{'case':24s} {'torch':>8s} " + " ".join(f"{m:>8s}" for m in modes) + "  (us/call)"]
+head = " ".join(f"{m + ' host':>12s} {m + ' total':>12s}" for m in ("torch", *modes))
+lines = [f"{'case':24s} {head}  (us/call)"]
 for name, fn in cases.items():
     ref = fn()
-    t_torch = per_call(fn)
-    res = {}
+    res = {"torch": per_call(fn)}
     errs = []
     for mode in modes:
         if launch:
@@ -90,11 +101,9 @@ for name, fn in cases.items():
         r = ref[0] if isinstance(ref, tuple) else ref
         g = got[0] if isinstance(got, tuple) else got
         errs.append((r.float() - g.float()).abs().max().item())
-    lines.append(
-        f"{name:24s} {t_torch:8.1f} "
-        + " ".join(f"{res[m]:8.1f}" for m in modes)
-        + f"  ratio {res[modes[0]] / t_torch:4.2f}x  maxerr {max(errs):.3g}"
-    )
+    cells = " ".join(f"{res[m][0]:12.1f} {res[m][1]:12.1f}" for m in ("torch", *modes))
+    ratio = res[modes[0]][0] / res["torch"][0]
+    lines.append(f"{name:24s} {cells}  host ratio {ratio:4.2f}x  maxerr {max(errs):.3g}")
     print(lines[-1], flush=True)
 if launch:
     set_mode("direct")

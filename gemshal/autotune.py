@@ -288,18 +288,26 @@ class AutotunedKernel(_Kernel):
     def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         # Triton's autotuner key (key-argument values, then the dtype of every argument
         # that has one), with integer values rounded up to their size bucket.
-        if kwargs:
-            named = dict(zip(self.arg_names, args, strict=False))
-            named.update((k, v) for k, v in kwargs.items() if k in self._name_set)
-            parts = [_bucket(named[k]) for k in self.keys if k in named]
-            values: Sequence[Any] = list(named.values())
-        else:
-            values = args[: len(self.arg_names)]
-            parts = [_bucket(values[i]) for i in self._key_index if i < len(values)]
-        for value in values:
+        n = len(args)
+        parts = []
+        for i in self._key_index:
+            if i < n:
+                parts.append(_bucket(args[i]))
+            else:
+                name = self.arg_names[i]
+                if name in kwargs:
+                    parts.append(_bucket(kwargs[name]))
+        for value in args:
             dtype = getattr(value, "dtype", _NO_DTYPE)
             if dtype is not _NO_DTYPE:
                 parts.append(dtype)
+        if kwargs:
+            names = self._name_set
+            for name, value in kwargs.items():
+                if name in names:
+                    dtype = getattr(value, "dtype", _NO_DTYPE)
+                    if dtype is not _NO_DTYPE:
+                        parts.append(dtype)
         return tuple(parts)
 
     def _warmup(self, args: tuple[Any, ...], grid: Any, kwargs: dict[str, Any]) -> Any:

@@ -391,7 +391,12 @@ class Launcher:
                 append(value.dtype)
                 append(not value.data_ptr() & 15)
             elif t is int:
-                append(int_code(value, kind))
+                # int_code(), inlined.
+                width = 4 if _I32_MIN <= value <= _I32_MAX else (8 if value >= _U64_MIN else 0)
+                if kind == NOSPEC:
+                    append(width)
+                else:
+                    append(width | (value == 1) | ((value & 15 == 0) << 1))
             elif t is float or t is bool or value is None:
                 append(t)
             else:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from gemshal.autotune import autotune, heuristics
 from gemsops.errors import Unsupported
+from gemsops.ops.grid import next_power_of_2
 from gemsops.ops.reduce_layout import (
     check_input,
     line_layout,
@@ -35,7 +36,7 @@ __all__ = ["IMPLS", "log_softmax", "log_softmax_backward", "softmax", "softmax_b
 def _block_n(args: dict[str, Any]) -> int:
     # The whole line when it fits the tuned TILE_N (its length rounded up to a power of
     # two, as tl.arange needs), else TILE_N-wide chunks.
-    return min(triton.next_power_of_2(args["N"]), args["TILE_N"])
+    return min(next_power_of_2(args["N"]), args["TILE_N"])
 
 
 def _one_tile(args: dict[str, Any]) -> bool:
