@@ -303,8 +303,16 @@ def kernel_profile(fn: Thunk, *, calls: int = 5, rows: int = 8) -> str:
     return str(prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=60))
 
 
-def host_overhead(dev: torch.device, *, calls: int = 2000) -> list[dict[str, Any]]:
-    """Wall-clock microseconds per call on tiny tensors, one synchronize at the end."""
+def host_overhead(
+    dev: torch.device, *, calls: int = 2000, issued: int = 200, repeats: int = 5
+) -> list[dict[str, Any]]:
+    """Microseconds per call on tiny tensors, per side, medians of ``repeats``.
+
+    ``{side}_host_us``: the wall time of issuing ``issued`` calls after a synchronize,
+    fewer than a device's launch queue holds, so no call waits for the device: the host
+    time a user pays per op. ``{side}_us``: ``calls`` calls and one synchronize, which
+    also shows the device's time when a kernel is slower than the host.
+    """
     module = gemshal.device_module()
     peer = _flag_gems()
     tiny: dict[str, tuple[Callable[[torch.Tensor], Any], tuple[int, ...]]] = {
@@ -321,12 +329,24 @@ def host_overhead(dev: torch.device, *, calls: int = 2000) -> list[dict[str, Any
             with context():
                 for _ in range(50):
                     fn(x)
-                module.synchronize()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn(x)
-                module.synchronize()
-                row[f"{side}_us"] = (time.perf_counter() - start) / calls * 1e6
+                host, total = [], []
+                for _ in range(repeats):
+                    module.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(issued):
+                        fn(x)
+                    host.append((time.perf_counter() - start) / issued * 1e6)
+                    module.synchronize()
+                    start = time.perf_counter()
+                    for _ in range(calls):
+                        fn(x)
+                    module.synchronize()
+                    total.append((time.perf_counter() - start) / calls * 1e6)
+                row[f"{side}_host_us"] = statistics.median(host)
+                row[f"{side}_us"] = statistics.median(total)
+        for side in _sides(peer):
+            if side != "torch":
+                row[f"{side}_host_over_torch"] = row[f"{side}_host_us"] / row["torch_host_us"]
         rows.append(row)
     return rows
 
