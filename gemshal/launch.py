@@ -224,18 +224,6 @@ def reset() -> None:
 # --- the cheap key -------------------------------------------------------------------
 
 
-def int_code(value: int, kind: int) -> int:
-    """What Triton specializes on for an integer argument, as one small int.
-
-    Bit 0: the value is 1; bit 1: divisible by 16; bits 2-3: the width class (i32, i64
-    or u64). A ``do_not_specialize`` argument keeps only the width class.
-    """
-    width = 4 if _I32_MIN <= value <= _I32_MAX else (8 if value >= _U64_MIN else 0)
-    if kind == NOSPEC:
-        return width
-    return width | (value == 1) | ((value & 15 == 0) << 1)
-
-
 def specs_of(jit: Any) -> tuple[ParamSpec, ...]:
     """A Triton ``JITFunction``'s parameters as :class:`ParamSpec` records."""
     out = []
@@ -381,7 +369,7 @@ class Launcher:
         parts: list[Any] = [device, extra]
         append = parts.append
         tensor = torch.Tensor
-        # arg_key(), inlined: this loop runs on every launch.
+        # This loop runs on every launch: plain type tests, no helper calls.
         for value, kind in zip(args, kinds, strict=False):
             if kind == CONST:
                 append(value)
@@ -391,7 +379,8 @@ class Launcher:
                 append(value.dtype)
                 append(not value.data_ptr() & 15)
             elif t is int:
-                # int_code(), inlined.
+                # Bit 0: the value is 1; bit 1: divisible by 16; bits 2-3: the width
+                # class (i32, u64, else i64). do_not_specialize keeps only the width.
                 width = 4 if _I32_MIN <= value <= _I32_MAX else (8 if value >= _U64_MIN else 0)
                 if kind == NOSPEC:
                     append(width)
