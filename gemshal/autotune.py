@@ -27,7 +27,9 @@ with varying token counts tunes once per bucket, not once per count.
 
 ``GEMS_AUTOTUNE=0`` turns benchmarking off: each launch takes the first config its
 entry lists that survives the kernel's pruning. Correctness runs on a GPU use it
-to compile one config per kernel instead of all of them; unset or ``1`` tunes.
+to compile one config per kernel instead of all of them; unset or ``1`` tunes. Any
+other value raises :class:`~gemshal.errors.ConfigError` at a kernel's first launch on
+every device, the Triton interpreter included (where it changes nothing).
 """
 
 from __future__ import annotations
@@ -233,6 +235,9 @@ class AutotunedKernel(_Kernel):
             generation = _tune._GENERATION
             if self._plan is not None and self._generation == generation:
                 return self._plan
+            # Read on every path, the interpreter's included, so a bad value is refused
+            # wherever it is set, not only where it would take effect.
+            tuning_on = _tuning_enabled()
             context = _tune.current_context()
             tuning = _tune.lookup(self.op, context=context)
             self._check(tuning)
@@ -246,7 +251,7 @@ class AutotunedKernel(_Kernel):
             elif len(configs) == 1:
                 plan = _Plan(configs, configs[0].to_triton().all_kwargs(), None)
             else:
-                plan = _Plan(configs, None, self._build(configs), _tuning_enabled())
+                plan = _Plan(configs, None, self._build(configs), tuning_on)
             self._plan = plan
             self._launcher = _launch.launcher_for(self.fn)
             if self._launcher is not None:

@@ -9,17 +9,28 @@ that defines it wins, in this order (see docs/tuning.md):
 3. ``<vendor>.toml`` in each directory;
 4. ``default.toml`` in each directory.
 
-Within one level the vendor's own directories come first, then registered
-directories in registration order: a directory registered later never outranks
-an earlier one. Nothing is read at import or registration; each file is read at
-most once per process, on the first lookup that needs it.
+Within one level the vendor's own directories come first, then the directories
+installed packages declare in the ``gemshal.tune_dirs`` entry-point group, sorted
+by entry-point name, then directories registered with :func:`add_tune_dir` in
+registration order: a directory registered later never outranks an earlier one,
+and the order never depends on which package was imported first. Nothing is read
+at import or registration; each file is read at most once per process, on the
+first lookup that needs it.
+
+Names are checked against what exists: an entry of the user's file that no other
+tuning file defines is an error (a typo would otherwise be ignored), and so is a
+name in an ``unused`` list that no op library registered with
+:func:`add_unused_check` accepts.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import threading
+import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -43,7 +54,9 @@ __all__ = [
     "TuneConfig",
     "TuneContext",
     "TuneSource",
+    "UnusedCheck",
     "add_tune_dir",
+    "add_unused_check",
     "clear_cache",
     "current_context",
     "list_ops",
@@ -106,9 +119,18 @@ class _Dir:
     origin: str
 
 
+UnusedCheck = Callable[[str], "str | None"]
+"""An op library's vetting of an ``unused`` name: None if the library knows it, else why not."""
+
 _LOCK = threading.RLock()
 _DIRS: list[_Dir] = []
+# Directories declared through the gemshal.tune_dirs entry-point group, sorted by name.
+_EP_DIRS: list[_Dir] = []
 _FILES: dict[tuple[TuneSource, tuple[str, ...]], TuneFile | None] = {}
+# Every entry name the files in a set of directories define (any vendor), by directories
+# and the user's file (left out of the count).
+_KNOWN: dict[tuple[tuple[Path, ...], Path | None], frozenset[str]] = {}
+_UNUSED_CHECKS: dict[str, UnusedCheck] = {}
 # Bumped by clear_cache() and add_tune_dir(): kernels that resolved their configs
 # under an older generation resolve them again at their next launch.
 _GENERATION = 0
@@ -118,7 +140,8 @@ def add_tune_dir(path: str | os.PathLike[str], *, origin: str) -> None:
     """Put a directory of tuning files on the search path (reads nothing).
 
     Registering a directory already on the path does nothing. Directories
-    registered later rank below earlier ones within each level.
+    registered later rank below earlier ones within each level, and all of them
+    below the directories of the ``gemshal.tune_dirs`` entry-point group.
 
     Args:
         path: The directory; a relative path is made absolute now.
@@ -142,7 +165,29 @@ def clear_cache() -> None:
     global _GENERATION
     with _LOCK:
         _FILES.clear()
+        _KNOWN.clear()
         _GENERATION += 1
+
+
+def add_unused_check(check: UnusedCheck, *, origin: str) -> None:
+    """Let an op library vet the names in the files' ``unused`` lists.
+
+    ``unused_ops()`` then raises :class:`ConfigError` naming the file when every
+    registered check refuses a name (with no check registered, names are not
+    vetted: gemshal knows no op names). Registering again under one origin
+    replaces that origin's check.
+
+    Args:
+        check: Called with one name; returns None when the library knows it, else a
+            sentence saying why not (close matches, say).
+        origin: Who registers it (e.g. ``"gemsops"``).
+    """
+    if not isinstance(origin, str) or not origin:
+        raise ValueError(f"origin must be a non-empty string naming the package; got {origin!r}")
+    if not callable(check):
+        raise TypeError(f"check must be callable; got {check!r}")
+    with _LOCK:
+        _UNUSED_CHECKS[origin] = check
 
 
 def current_context() -> TuneContext:
@@ -168,24 +213,49 @@ TUNE_DIRS_GROUP = "gemshal.tune_dirs"
 _ENTRY_POINTS_LOADED = False
 
 
+def _entry_point_dir(ep: object) -> _Dir:
+    name, value = getattr(ep, "name", "?"), getattr(ep, "value", "?")
+    what = f"tuning directory entry point {name!r} ({value}) in group {TUNE_DIRS_GROUP!r}"
+    try:
+        target = ep.load()  # type: ignore[attr-defined]
+        path = target() if callable(target) else target
+    except (Exception, SystemExit) as exc:
+        raise ConfigError(f"{what} failed to load: {exc!r}") from exc
+    if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+        raise ConfigError(f"{what} gave {path!r}; it must name a directory (a str or a Path)")
+    return _Dir(Path(os.path.abspath(os.fspath(path))), name)
+
+
 def _load_entry_point_dirs() -> None:
-    """Add the directories installed packages declare (once; a broken one is an error)."""
-    global _ENTRY_POINTS_LOADED
+    """Add the directories installed packages declare, sorted by entry-point name.
+
+    A broken entry point is an error at every lookup until it is fixed.
+    """
+    global _ENTRY_POINTS_LOADED, _GENERATION
     with _LOCK:
         if _ENTRY_POINTS_LOADED:
             return
-        _ENTRY_POINTS_LOADED = True
         import importlib.metadata
 
-        for ep in importlib.metadata.entry_points(group=TUNE_DIRS_GROUP):
-            try:
-                target = ep.load()
-            except Exception as exc:
-                raise ConfigError(
-                    f"tuning directory entry point {ep.name!r} ({ep.value}) failed to load: {exc}"
-                ) from exc
-            path = target() if callable(target) else target
-            add_tune_dir(path, origin=ep.name)
+        eps = importlib.metadata.entry_points(group=TUNE_DIRS_GROUP)
+        found = [_entry_point_dir(ep) for ep in sorted(eps, key=lambda e: (e.name, e.value))]
+        _EP_DIRS[:] = found
+        _ENTRY_POINTS_LOADED = True
+        _GENERATION += 1
+
+
+def _dirs(ctx: TuneContext) -> list[_Dir]:
+    """The tuning directories for ``ctx``, highest precedence first, each once."""
+    _load_entry_point_dirs()
+    dirs: list[_Dir] = [_Dir(Path(d).absolute(), f"vendor {ctx.vendor}") for d in ctx.vendor_dirs]
+    with _LOCK:
+        dirs += _EP_DIRS
+        dirs += _DIRS
+    unique: list[_Dir] = []
+    for d in dirs:
+        if all(u.path != d.path for u in unique):
+            unique.append(d)
+    return unique
 
 
 def search_path(context: TuneContext | None = None) -> tuple[TuneSource, ...]:
@@ -194,15 +264,8 @@ def search_path(context: TuneContext | None = None) -> tuple[TuneSource, ...]:
     Directories come from the vendor's ``tune_dirs``, :func:`add_tune_dir` and the
     ``gemshal.tune_dirs`` entry-point group of installed packages.
     """
-    _load_entry_point_dirs()
     ctx = context or current_context()
-    dirs: list[_Dir] = [_Dir(Path(d).absolute(), f"vendor {ctx.vendor}") for d in ctx.vendor_dirs]
-    with _LOCK:
-        dirs += _DIRS
-    unique: list[_Dir] = []
-    for d in dirs:
-        if all(u.path != d.path for u in unique):
-            unique.append(d)
+    unique = _dirs(ctx)
     out: list[TuneSource] = []
     if ctx.user_file:
         out.append(TuneSource(Path(ctx.user_file).expanduser(), "user", ENV_USER_FILE))
@@ -240,8 +303,75 @@ def _load(source: TuneSource, ctx: TuneContext) -> TuneFile | None:
         parsed = None
         if text is not None:
             parsed = loads(text, source, extra_launch_keys=ctx.extra_launch_keys)
+            if source.level == "user":
+                _check_user_entries(parsed, ctx)
         _FILES[key] = parsed
         return parsed
+
+
+def _known_ops(ctx: TuneContext) -> frozenset[str]:
+    """Every entry name some file in ``ctx``'s directories defines, for any vendor.
+
+    Each ``*.toml`` is only decoded here; one that does not decode adds nothing
+    (its own vendor's lookups report it).
+    """
+    dirs = tuple(d.path for d in _dirs(ctx))
+    user = Path(ctx.user_file).expanduser().absolute() if ctx.user_file else None
+    with _LOCK:
+        if (dirs, user) in _KNOWN:
+            return _KNOWN[dirs, user]
+        names: set[str] = set()
+        for directory in dirs:
+            for path in sorted(directory.glob("*.toml")) if directory.is_dir() else ():
+                if path == user:
+                    continue  # the user's file does not vouch for itself
+                try:
+                    text = _read(path)
+                    ops = tomllib.loads(text or "").get("ops")
+                except (ConfigError, tomllib.TOMLDecodeError):
+                    continue
+                if isinstance(ops, dict):
+                    names.update(ops)
+        _KNOWN[dirs, user] = known = frozenset(names)
+        return known
+
+
+def _check_user_entries(parsed: TuneFile, ctx: TuneContext) -> None:
+    """An entry of the user's file that no tuning file defines names no kernel: an error."""
+    if not parsed.ops:
+        return
+    known = _known_ops(ctx)
+    if not known:
+        return  # no op library has put its files on the path: nothing to check against
+    for op, entry in parsed.ops.items():
+        if op in known:
+            continue
+        close = difflib.get_close_matches(op, known, n=5, cutoff=0.6)
+        hint = (
+            f"close matches: {', '.join(close)}"
+            if close
+            else f"known entries: {', '.join(sorted(known))}"
+        )
+        raise ConfigError(
+            f"{entry.location}: unknown entry {op!r}: no tuning file of the op libraries "
+            f"defines it, so no kernel would read it; {hint}"
+        )
+
+
+def _check_unused(source: TuneSource, names: frozenset[str]) -> None:
+    with _LOCK:
+        checks = list(_UNUSED_CHECKS.values())
+    if not checks:
+        return
+    for name in sorted(names):
+        problems = []
+        for check in checks:
+            problem = check(name)
+            if problem is None:
+                break
+            problems.append(problem)
+        else:
+            raise ConfigError(f"{source.path}: key 'unused': {'; '.join(problems)}")
 
 
 def _files(ctx: TuneContext) -> list[tuple[TuneSource, TuneFile | None]]:
@@ -259,8 +389,9 @@ def lookup(op: str, *, context: TuneContext | None = None) -> OpTuning:
 
     Raises:
         ConfigError: no file defines ``op`` (the message lists every file
-            searched, marking missing ones), the user's file is missing, or a
-            file on the way is malformed.
+            searched, marking missing ones), the user's file is missing or has an
+            entry no other tuning file defines, a file on the way is malformed,
+            or a ``gemshal.tune_dirs`` entry point is broken.
     """
     ctx = context or current_context()
     searched = []
@@ -286,12 +417,15 @@ def unused_ops(context: TuneContext | None = None) -> frozenset[str]:
     """The ops any file on the search path asks to leave to torch (the union of all).
 
     Raises:
-        ConfigError: the user's file is missing or a file is malformed.
+        ConfigError: the user's file is missing, a file is malformed, or a file
+            lists a name no check registered with :func:`add_unused_check` accepts
+            (the message names that file).
     """
     ctx = context or current_context()
     out: set[str] = set()
-    for _source, parsed in _files(ctx):
+    for source, parsed in _files(ctx):
         if parsed is not None:
+            _check_unused(source, parsed.unused)
             out |= parsed.unused
     return frozenset(out)
 

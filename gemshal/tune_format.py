@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 import attrs
 
 from gemshal.errors import ConfigError
-from gemshal.tune_rules import HeuristicRule, parse_rules
+from gemshal.tune_rules import Call, HeuristicRule, parse_rules
 
 if TYPE_CHECKING:
     import triton
@@ -30,6 +30,7 @@ __all__ = [
     "LAUNCH_KEYS",
     "LEVELS",
     "MAX_GRID",
+    "MAX_TILE",
     "HeuristicRule",
     "OpTuning",
     "Scalar",
@@ -38,6 +39,7 @@ __all__ = [
     "TuneSource",
     "loads",
     "parse",
+    "value_problem",
 ]
 
 Scalar: TypeAlias = int | float | bool | str
@@ -55,11 +57,20 @@ LEVELS = ("user", "vendor-arch", "vendor", "default")
 MAX_GRID = 4096
 """The most configs one grid may expand to; more is almost surely a typo."""
 
+MAX_TILE = 1 << 20
+"""The largest tile size a file may give: the most elements Triton allows in one tensor
+(``triton.language.TRITON_MAX_TENSOR_NUMEL``)."""
+
 _TOP_KEYS = ("version", "unused", "ops")
 _OP_KEYS = ("configs", "grid", "interpreter", "heuristics")
 _META = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
 _LOWER = re.compile(r"^[a-z][a-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Meta-parameters whose name says what they hold (docs/tuning.md, "Values"): tile sizes
+# (BLOCK_N, TILE_N, XBLOCK, VEC_SIZE), used as tl.arange extents, and group counts (GROUP_M).
+_SIZE_NAME = re.compile(r"^(BLOCK|TILE)(?![A-Za-z])|BLOCK$|_SIZE$")
+_COUNT_NAME = re.compile(r"^GROUP(?![A-Za-z])")
+_POWER_OF_TWO_LAUNCH = ("num_warps",)
 
 
 def _show(value: object) -> str:
@@ -86,6 +97,64 @@ def _positive_int(key: str, value: object) -> str | None:
     return f"key {key!r} must be a positive integer{note}; got {_show(value)}"
 
 
+def _is_power_of_two(value: object, most: int | None = None) -> bool:
+    if type(value) is not int or value <= 0 or value & (value - 1):
+        return False
+    return most is None or value <= most
+
+
+def _got(value: object) -> str:
+    note = " (a boolean is not an integer)" if isinstance(value, bool) else ""
+    return f"{note}; got {_type_name(value)} {_show(value)}"
+
+
+def _launch_problem(key: str, value: object) -> str | None:
+    if key in _POWER_OF_TWO_LAUNCH:
+        if _is_power_of_two(value):
+            return None
+        return f"key {key!r} must be a positive power of two (1, 2, 4, 8, ...){_got(value)}"
+    return _positive_int(key, value)
+
+
+def _meta_problem(key: str, value: object) -> str | None:
+    """What is wrong with ``value`` for meta-parameter ``key``, or None.
+
+    A tile size (``BLOCK*``, ``TILE*``, ``*BLOCK``, ``*_SIZE``) must be a power of two
+    from 1 to :data:`MAX_TILE`; a group count (``GROUP*``) a positive integer; any
+    other meta-parameter a scalar.
+    """
+    if _SIZE_NAME.search(key):
+        if _is_power_of_two(value, MAX_TILE):
+            return None
+        return (
+            f"key {key!r} is a tile size (a meta-parameter named BLOCK*, TILE*, *BLOCK or "
+            f"*_SIZE) and must be a power of two from 1 to {MAX_TILE}{_got(value)}"
+        )
+    if _COUNT_NAME.search(key):
+        if type(value) is int and value > 0:
+            return None
+        return (
+            f"key {key!r} is a group count (a meta-parameter named GROUP*) and must be a "
+            f"positive integer{_got(value)}"
+        )
+    return _scalar_problem(key, value)
+
+
+def value_problem(key: str, value: object) -> str | None:
+    """What is wrong with ``value`` as the value of config key ``key``, or None if nothing.
+
+    Launch keywords must be positive integers (``num_warps`` a power of two); tile-size
+    meta-parameters (``BLOCK*``, ``TILE*``, ``*BLOCK``, ``*_SIZE``) powers of two up to
+    :data:`MAX_TILE`; group counts (``GROUP*``) positive integers; other meta-parameters
+    and extra launch keywords integers, finite floats, booleans or strings.
+    """
+    if key in LAUNCH_KEYS:
+        return _launch_problem(key, value)
+    if _META.match(key):
+        return _meta_problem(key, value)
+    return _scalar_problem(key, value)
+
+
 def _scalar_problem(key: str, value: object) -> str | None:
     if isinstance(value, bool | int | str):
         return None
@@ -107,7 +176,7 @@ def _pairs(
 def _check_pairs(pattern: re.Pattern[str], what: str) -> Any:
     def check(_inst: object, _a: object, value: tuple[tuple[str, Scalar], ...]) -> None:
         for key, item in value:
-            problem = _scalar_problem(key, item)
+            problem = _meta_problem(key, item) if pattern is _META else _scalar_problem(key, item)
             if not pattern.match(key) or key in LAUNCH_KEYS:
                 problem = f"{what} {key!r} does not match {pattern.pattern}"
             if problem:
@@ -120,7 +189,7 @@ def _check_opt_positive(
     _inst: object, attribute: attrs.Attribute[int | None], value: object
 ) -> None:
     if value is not None:
-        problem = _positive_int(attribute.name, value)
+        problem = _launch_problem(attribute.name, value)
         if problem:
             raise ConfigError(problem)
 
@@ -275,7 +344,7 @@ def _key_kind(where: str, key: str, extra: Collection[str]) -> str:
 
 def _check_item(where: str, key: str, value: object, extra: Collection[str]) -> str:
     kind = _key_kind(where, key, extra)
-    problem = _positive_int(key, value) if kind == "launch" else _scalar_problem(key, value)
+    problem = _scalar_problem(key, value) if kind == "extra" else value_problem(key, value)
     if problem:
         _fail(where, problem)
     return kind
@@ -360,6 +429,14 @@ def _op(source: TuneSource, op: str, table: object, extra: Collection[str]) -> O
     if "interpreter" in table:
         pinned = _config(f"{where} key 'interpreter'", table["interpreter"], extra)
     rules = parse_rules(where, table["heuristics"]) if "heuristics" in table else ()
+    for rule in rules:
+        # A constant rule is a value like a config's; computed ones are checked by the kernel.
+        if not isinstance(rule.expr, str | Call) and (
+            _META.match(rule.name) or rule.name in LAUNCH_KEYS
+        ):
+            problem = value_problem(rule.name, rule.expr)
+            if problem:
+                _fail(f"{where} heuristics", problem)
     return OpTuning(op, source, configs, pinned, rules)
 
 

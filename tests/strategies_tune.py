@@ -60,7 +60,15 @@ def identity(config: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(sorted((k, type(v).__name__, v) for k, v in config.items()))
 
 
-meta_keys = st.from_regex(r"[A-Z][A-Z0-9_]{0,5}", fullmatch=True)
+_TYPED_NAME = re.compile(r"^(BLOCK|TILE|GROUP)(?![A-Za-z])|BLOCK$|_SIZE$")
+# Meta-parameters the loader types by name are drawn apart, with values of their kind.
+meta_keys = st.from_regex(r"[A-Z][A-Z0-9_]{0,5}", fullmatch=True).filter(
+    lambda k: not _TYPED_NAME.search(k)
+)
+size_keys = st.sampled_from(["BLOCK", "BLOCK_M", "BLOCK_N", "TILE_N", "XBLOCK", "VEC_SIZE"])
+size_values = st.integers(0, 20).map(lambda e: 1 << e)
+group_keys = st.sampled_from(["GROUP", "GROUP_M"])
+group_values = st.integers(1, 2**40)
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,5}", fullmatch=True)
 op_names = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=8)
 scalars = st.one_of(
@@ -70,15 +78,32 @@ scalars = st.one_of(
     st.text(st.characters(exclude_categories=("Cs",)), max_size=6),
 )
 launch_values = st.integers(1, 64)
+warps_values = st.integers(0, 6).map(lambda e: 1 << e)
+
+
+def values_for(key: str) -> st.SearchStrategy[Any]:
+    """Valid values of config key ``key``."""
+    if key == "num_warps":
+        return warps_values
+    if key in LAUNCH_KEYS:
+        return launch_values
+    if _TYPED_NAME.search(key):
+        return group_values if key.startswith("GROUP") else size_values
+    return scalars
+
+
+any_meta_keys = st.one_of(meta_keys, size_keys, group_keys)
 
 
 @st.composite
 def config_dicts(draw: st.DrawFn) -> dict[str, Any]:
     """A valid config table: some meta-parameters and some launch keywords, at least one."""
-    meta = draw(st.dictionaries(meta_keys, scalars, max_size=3))
-    launch = draw(st.dictionaries(st.sampled_from(LAUNCH_KEYS), launch_values, max_size=2))
+    keys = draw(st.lists(any_meta_keys, max_size=3, unique=True))
+    meta = {k: draw(values_for(k)) for k in keys}
+    launch_keys = draw(st.lists(st.sampled_from(LAUNCH_KEYS), max_size=2, unique=True))
+    launch = {k: draw(values_for(k)) for k in launch_keys}
     if not meta and not launch:
-        meta = {"BLOCK": draw(st.integers(1, 4096))}
+        meta = {"BLOCK": draw(size_values)}
     return {**meta, **launch}
 
 
@@ -87,12 +112,15 @@ def grids(draw: st.DrawFn) -> dict[str, list[Any]]:
     """A valid grid table: one to three keys, each with a list of distinct values."""
     keys = draw(
         st.lists(
-            st.one_of(meta_keys, st.sampled_from(LAUNCH_KEYS)), min_size=1, max_size=3, unique=True
+            st.one_of(any_meta_keys, st.sampled_from(LAUNCH_KEYS)),
+            min_size=1,
+            max_size=3,
+            unique=True,
         )
     )
     out: dict[str, list[Any]] = {}
     for key in keys:
-        values = launch_values if key in LAUNCH_KEYS else scalars
+        values = values_for(key)
         uniq = st.lists(values, min_size=1, max_size=4, unique_by=lambda v: (type(v), v))
         out[key] = draw(uniq)
     return out
@@ -142,12 +170,20 @@ def documents(draw: st.DrawFn) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def fresh_tune() -> Iterator[None]:
-    """No registered directories and an empty cache; the session's state put back after."""
-    saved = list(tune._DIRS)
+    """No registered directories (entry-point ones included), no unused checks and an
+    empty cache; the session's state put back after."""
+    saved = (list(tune._DIRS), list(tune._EP_DIRS), dict(tune._UNUSED_CHECKS))
+    loaded = tune._ENTRY_POINTS_LOADED
     tune._DIRS.clear()
+    tune._EP_DIRS.clear()
+    tune._UNUSED_CHECKS.clear()
+    tune._ENTRY_POINTS_LOADED = True
     tune.clear_cache()
     try:
         yield
     finally:
-        tune._DIRS[:] = saved
+        tune._DIRS[:], tune._EP_DIRS[:] = saved[0], saved[1]
+        tune._UNUSED_CHECKS.clear()
+        tune._UNUSED_CHECKS.update(saved[2])
+        tune._ENTRY_POINTS_LOADED = loaded
         tune.clear_cache()

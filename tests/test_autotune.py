@@ -348,6 +348,29 @@ def test_autotune_env_rejects_other_values(gpu_dir: Path, monkeypatch: pytest.Mo
         at.autotune("k", key=["n"])(FakeJit())[(1,)](torch.empty(4), 4)
 
 
+@pytest.mark.parametrize("value", ["2", "yes", "-1"])
+@pytest.mark.parametrize("entry", ["configs = [{ BLOCK = 64 }]", "grid = { BLOCK = [64, 128] }"])
+def test_autotune_env_is_checked_under_the_interpreter_too(
+    kernels: SimpleNamespace,
+    tune_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    value: str,
+    entry: str,
+) -> None:
+    """An invalid GEMS_AUTOTUNE raises ConfigError on the interpreter, with one config or
+    several, though the interpreter never benchmarks: a setting is never accepted and ignored."""
+    (tune_dir / "default.toml").write_text(
+        f"[ops.add]\n{entry}\n[ops.add.heuristics]\nEVEN = false\n"
+    )
+    monkeypatch.setenv("GEMS_AUTOTUNE", value)
+    kernel = at.autotune("add", key=["n"])(at.heuristics("add")(kernels.add))
+    with pytest.raises(ConfigError, match=rf"GEMS_AUTOTUNE.*{value!r}"):
+        _launch(kernel, 100)
+    monkeypatch.setenv("GEMS_AUTOTUNE", "0")
+    out, want, _blocks = _launch(kernel, 100)
+    torch.testing.assert_close(out, want)
+
+
 # --- errors -----------------------------------------------------------------------------------
 
 

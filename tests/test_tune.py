@@ -56,33 +56,19 @@ def _one_config(mark: str) -> str:
 
 
 def test_schema_example_parses() -> None:
-    """The documented example file parses into the expected records."""
-    text = """
-unused = ["op_name", "add.Tensor"]
-
-[ops.softmax]
-configs = [
-  { BLOCK_N = 1024, num_warps = 4, num_stages = 1 },
-  { BLOCK_N = 2048, num_warps = 8 },
-]
-interpreter = { BLOCK_N = 128 }
-
-[ops.add.grid]
-BLOCK = [1024, 2048, 4096]
-num_warps = [4, 8]
-
-[ops.mm.heuristics]
-EVEN_K = { divisible = ["K", "BLOCK_K"] }
-"""
+    """The example file in docs/tuning.md parses into the expected records."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "tuning.md").read_text()
+    text = doc.split("## File format", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     parsed = loads(text, _source())
-    assert parsed.unused == {"op_name", "add.Tensor"}
-    softmax = parsed.ops["softmax"]
-    assert softmax.configs[0] == TuneConfig({"BLOCK_N": 1024}, num_warps=4, num_stages=1)
-    assert softmax.pinned == TuneConfig({"BLOCK_N": 128})
-    assert len(parsed.ops["add"].configs) == 6
-    rule = parsed.ops["mm"].heuristics[0]
-    assert rule.name == "EVEN_K" and rule({"K": 64, "BLOCK_K": 32}) is True
-    assert not parsed.ops["mm"].configs
+    assert parsed.unused == {"mm", "add.Tensor"}
+    rows = parsed.ops["softmax_rows"]
+    assert rows.configs[0] == TuneConfig({"BLOCK_M": 1, "TILE_N": 4096}, num_warps=8, num_stages=1)
+    assert rows.pinned == TuneConfig({"BLOCK_M": 4, "TILE_N": 64})
+    block_n, one_tile = rows.heuristics
+    assert block_n({"N": 1000, "TILE_N": 4096}) == 1024
+    assert one_tile.name == "ONE_TILE" and one_tile({"N": 5000, "TILE_N": 4096}) is False
+    assert len(parsed.ops["pointwise"].configs) == 6
+    assert not parsed.ops["mm"].heuristics
 
 
 @given(grids())
@@ -260,6 +246,12 @@ def test_override_order_holds_for_any_assignment(assign: dict[str, set[str]]) ->
         for i, d in enumerate(dirs):
             d.mkdir()
             tune.add_tune_dir(d, origin=f"dir{i}")
+        # The op library's own entries, ranked last, so the user's entries name known ops.
+        (root / "lib").mkdir()
+        (root / "lib" / "default.toml").write_text(
+            "".join(f"[ops.{op}]\n{_one_config('lib')}\n" for op in assign)
+        )
+        tune.add_tune_dir(root / "lib", origin="lib")
         contents: dict[Path, list[str]] = {}
         for op, sources in assign.items():
             for src in sources:
