@@ -1,7 +1,8 @@
 """``gemshal`` command line: ``info``, ``vendors`` and ``config``.
 
-Bad arguments print a usage message and exit 2; gemshal errors print one line and
-exit 1. Neither shows a traceback.
+Bad arguments print a usage message and exit 2; gemshal errors (a bad setting, or a
+vendor that is unknown, a failed plugin, or missing its extension or devices here)
+print one line, ``gemshal: error: ...``, and exit 1. Neither shows a traceback.
 """
 
 from __future__ import annotations

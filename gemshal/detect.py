@@ -14,7 +14,7 @@ import attrs
 
 from gemshal.errors import AmbiguousDeviceError, ConfigError, UnknownVendorError
 from gemshal.probe import Claim, Facts
-from gemshal.registry import plugin_failures, vendor, vendors
+from gemshal.registry import PluginLoadError, plugin_failures, vendor, vendors
 from gemshal.vendor import VendorInfo
 
 __all__ = ["COMMAND_TIMEOUT_S", "Detection", "TraceStep", "detect", "env_flag"]
@@ -66,7 +66,7 @@ def env_flag(env: Mapping[str, str], name: str) -> bool:
         return False
     if raw == "1":
         return True
-    raise ConfigError(f"{name} must be 0 or 1; got {raw!r}")
+    raise ConfigError(f"{name} must be 0 or 1 (or unset); got {raw!r}")
 
 
 def _ambiguous(stage: str, claims: Sequence[tuple[VendorInfo, Claim]]) -> AmbiguousDeviceError:
@@ -185,9 +185,12 @@ def detect(
 
     Raises:
         UnknownVendorError: ``explicit`` or ``GEMS_VENDOR`` names no registered vendor.
+        PluginLoadError: ``explicit`` or ``GEMS_VENDOR`` names a plugin that failed to load.
         AmbiguousDeviceError: two vendors claimed the machine at the same stage.
-        ConfigError: ``GEMS_PROBE_COMMANDS`` is neither 0 nor 1.
+        ConfigError: ``GEMS_PROBE_COMMANDS`` is neither 0 nor 1 (checked on every call,
+            even when an explicit choice or ``GEMS_VENDOR`` means no command runs).
     """
+    env_flag(env, "GEMS_PROBE_COMMANDS")  # a bad value is an error even when unused
     pool = tuple(vendors() if candidates is None else candidates)
     run = _Run(facts, env, pool)
     for failure in plugin_failures():
@@ -200,6 +203,8 @@ def detect(
             info = vendor(requested)
         except UnknownVendorError as exc:
             raise UnknownVendorError(f"GEMS_VENDOR: {exc}") from None
+        except PluginLoadError as exc:
+            raise PluginLoadError(f"GEMS_VENDOR={requested}: {exc}") from exc.__cause__
         return run.done(info, "env", f"GEMS_VENDOR={requested}")
     run.note("env", "skipped", "GEMS_VENDOR is not set")
     for stage in (run.in_process, run.triton, run.commands):

@@ -103,23 +103,67 @@ _STATE: _State | None = None
 _EXPLICIT: str | None = None
 
 
-def _load_module(info: VendorInfo) -> Any:
+def _chosen_by(detection: Detection) -> str:
+    """How the vendor was chosen, for error messages (``GEMS_VENDOR=nvidia``...)."""
+    if detection.stage == "env" and detection.trace:
+        return detection.trace[-1].detail
+    if detection.stage == "explicit":
+        return "chosen with gemshal.select()"
+    return f"detected at the {detection.stage} stage"
+
+
+def _load_module(detection: Detection) -> Any:
+    info = detection.vendor
     if info.torch_module:
-        importlib.import_module(info.torch_module)
+        try:
+            importlib.import_module(info.torch_module)
+        except Exception as exc:
+            raise DeviceNotFoundError(
+                f"vendor {info.name!r} ({_chosen_by(detection)}) needs the torch extension "
+                f"{info.torch_module!r}, which failed to import: {type(exc).__name__}: {exc}"
+            ) from exc
     if info.is_cpu:
         return torch.cpu
     module = getattr(torch, info.device_module_name or info.device_type, None)
     if module is None:
         raise DeviceNotFoundError(
-            f"vendor {info.name!r} expects torch.{info.device_module_name}, which this torch "
-            f"({torch.__version__}) does not have"
+            f"vendor {info.name!r} ({_chosen_by(detection)}) expects "
+            f"torch.{info.device_module_name}, which this torch ({torch.__version__}) "
+            "does not have"
         )
     return module
 
 
+def _device_count(detection: Detection, module: Any) -> int:
+    info = detection.vendor
+    where = f"torch.{info.device_module_name or info.device_type}"
+    try:
+        count = int(module.device_count())
+    except Exception as exc:
+        raise DeviceNotFoundError(
+            f"vendor {info.name!r} ({_chosen_by(detection)}): {where}.device_count() failed: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if count < 1:
+        raise DeviceNotFoundError(
+            f"vendor {info.name!r} ({_chosen_by(detection)}) has no device on this machine: "
+            f"{where}.device_count() is {count}. Choose another vendor, or 'cpu' for the "
+            "Triton interpreter"
+        )
+    return count
+
+
 def _install(detection: Detection, module: Any | None = None) -> _State:
+    """Make ``detection`` current.
+
+    Raises:
+        DeviceNotFoundError: the vendor's torch extension does not import, or the
+            vendor has no device here; nothing changes then.
+    """
     global _STATE
     info = detection.vendor
+    mod = _load_module(detection) if module is None else module
+    count = 1 if info.is_cpu else _device_count(detection, mod)
     if info.is_cpu:
         use_interpreter()
         if detection.fell_back:
@@ -129,8 +173,6 @@ def _install(detection: Detection, module: Any | None = None) -> _State:
                 RuntimeWarning,
                 stacklevel=4,
             )
-    mod = _load_module(info) if module is None else module
-    count = 1 if info.is_cpu else int(mod.device_count())
     state = _State(detection, mod, count)
     _STATE = state
     return state
@@ -155,12 +197,15 @@ def select(name: str) -> VendorInfo:
 
     Raises:
         UnknownVendorError: ``name`` is not registered (the message lists the known names).
+        PluginLoadError: ``name`` is a plugin that failed to load.
+        DeviceNotFoundError: the vendor's torch extension or devices are missing here.
+            The previous choice stays in force after any of these.
     """
     global _EXPLICIT
     with _LOCK:
         info = vendor(name)
-        _EXPLICIT = name
         _install(detect(facts=LiveFacts(), env=os.environ, explicit=name))
+        _EXPLICIT = name
     return info
 
 
@@ -298,6 +343,11 @@ def _index_of(device: object, state: _State) -> int | None:
         index: int = device  # type: ignore[assignment]
         if index < 0:
             raise DeviceGuardError(f"device index must be >= 0; got {index}")
+        if index >= state.count:  # the CPU vendor's one device included
+            raise DeviceGuardError(
+                f"device index {index} does not exist; valid indices are 0..{state.count - 1} "
+                f"({state.detection.vendor.name} has {state.count} device(s))"
+            )
         dev = torch.device(state.device_type, index) if state.device_type != "cpu" else _CPU
     elif isinstance(device, str):
         try:

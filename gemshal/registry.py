@@ -5,7 +5,9 @@ A plugin is an installed package with an entry point in the group
 callable returning one. Plugins are discovered on first use of the registry,
 never at import. A plugin that fails to load is remembered with its error: it
 appears in :func:`plugin_failures`, in the detection trace and in
-``gemshal vendors``, and asking for it by name re-raises that error.
+``gemshal vendors``, and asking for it by name raises :class:`PluginLoadError` from
+that error. Whatever a plugin raises while it loads (``SystemExit`` included; only
+``KeyboardInterrupt`` passes through) is recorded this way, never ends the process.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from gemshal.vendor import VendorInfo
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginFailure",
+    "PluginLoadError",
     "plugin_failures",
     "register_vendor",
     "vendor",
@@ -29,6 +32,10 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "gemshal.vendors"
+
+
+class PluginLoadError(GemshalError, ImportError):
+    """A vendor was asked for whose plugin failed to load; the plugin's error is the cause."""
 
 
 @attrs.frozen
@@ -41,10 +48,10 @@ class PluginFailure:
 
     def describe(self) -> str:
         """One line: the plugin, where it points, and what went wrong."""
-        return (
-            f"plugin {self.name!r} ({self.entry_point}) failed to load: "
-            f"{type(self.error).__name__}: {self.error}"
-        )
+        what = f"{type(self.error).__name__}: {self.error}"
+        if isinstance(self.error, SystemExit):
+            what += " (the plugin called sys.exit() while loading)"
+        return f"plugin {self.name!r} ({self.entry_point}) failed to load: {what}"
 
 
 @attrs.define
@@ -72,18 +79,41 @@ def _add(info: VendorInfo, source: str) -> None:
     _STATE.sources[info.name] = source
 
 
+def _kind(value: object) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def _plugin_info(ep: importlib.metadata.EntryPoint) -> VendorInfo:
+    target = ep.load()
+    if callable(target) and not isinstance(target, VendorInfo):
+        info = target()
+        if not isinstance(info, VendorInfo):
+            raise TypeError(
+                f"the entry point's callable {ep.value} returned {_kind(info)}; "
+                "it must return a gemshal.VendorInfo"
+            )
+        return info
+    if not isinstance(target, VendorInfo):
+        raise TypeError(
+            f"the entry point {ep.value} is {_kind(target)}; it must name a "
+            "gemshal.VendorInfo or a callable returning one"
+        )
+    return target
+
+
 def _load_plugin(ep: importlib.metadata.EntryPoint) -> None:
     source = f"plugin {ep.value}"
     try:
-        target = ep.load()
-        info = target() if callable(target) and not isinstance(target, VendorInfo) else target
-        if isinstance(info, VendorInfo) and info.name != ep.name:
+        info = _plugin_info(ep)
+        if info.name != ep.name:
             raise GemshalError(
                 f"entry point {ep.name!r} returned a vendor named {info.name!r}; "
                 "the entry point's name must equal the vendor's name"
             )
         _add(info, source)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: a plugin never ends the process
         _STATE.failures[ep.name] = PluginFailure(ep.name, ep.value, exc)
 
 
@@ -124,8 +154,8 @@ def vendor(name: str) -> VendorInfo:
 
     Raises:
         UnknownVendorError: no such vendor; the message lists the known names.
-        Exception: the plugin registered under ``name`` failed to load; its
-            original error is re-raised.
+        PluginLoadError: the plugin registered under ``name`` failed to load; its
+            original error is the ``__cause__``.
     """
     _ensure_loaded()
     found = _STATE.vendors.get(name)
@@ -133,11 +163,9 @@ def vendor(name: str) -> VendorInfo:
         return found
     failure = _STATE.failures.get(name)
     if failure is not None:
-        error = failure.error
-        error.add_note(
-            f"gemshal: raised while loading vendor plugin {name!r} ({failure.entry_point})"
+        raise PluginLoadError(f"vendor {name!r} is unavailable: {failure.describe()}") from (
+            failure.error
         )
-        raise error
     import difflib  # only on the error path: keeps import gemshal light
 
     known = sorted(_STATE.vendors)

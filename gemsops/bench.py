@@ -513,17 +513,67 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=main)
 
 
+def _names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
 def _filtered(all_cases: list[BenchCase], args: argparse.Namespace) -> Iterator[BenchCase]:
-    ops = set(args.ops.split(",")) if args.ops else None
-    dtypes = set(args.dtypes.split(",")) if args.dtypes else None
+    ops = set(_names(args.ops)) if args.ops else None
+    dtypes = {d.removeprefix("torch.") for d in _names(args.dtypes)} if args.dtypes else None
     known_ops = {c.op for c in all_cases}
-    if ops and not ops <= known_ops:
+    if ops is not None and not ops <= known_ops:
         raise SystemExit(
             f"gemsops bench: unknown op(s) {sorted(ops - known_ops)}; known: {sorted(known_ops)}"
         )
-    for case in all_cases:
-        if (ops is None or case.op in ops) and (dtypes is None or str(case.dtype)[6:] in dtypes):
-            yield case
+    known_dtypes = {str(c.dtype)[6:] for c in all_cases}
+    if dtypes is not None and not dtypes <= known_dtypes:
+        raise SystemExit(
+            f"gemsops bench: unknown dtype(s) {sorted(dtypes - known_dtypes)}; "
+            f"known: {sorted(known_dtypes)}"
+        )
+    selected = [
+        case
+        for case in all_cases
+        if (ops is None or case.op in ops) and (dtypes is None or str(case.dtype)[6:] in dtypes)
+    ]
+    if not selected:
+        raise SystemExit(
+            f"gemsops bench: no case has op(s) {sorted(ops or known_ops)} "
+            f"in dtype(s) {sorted(dtypes or known_dtypes)}"
+        )
+    yield from selected
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    """A saved run, or a one-line exit naming the file and what is wrong with it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            result = json.load(fh)
+    except OSError as exc:
+        raise SystemExit(
+            f"gemsops bench: --from-json {path}: cannot read it: {exc.strerror or exc}"
+        ) from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"gemsops bench: --from-json {path}: not valid JSON: {exc}") from exc
+    keys: dict[str, type | tuple[type, ...]] = {
+        "device": dict,
+        "torch": str,
+        "triton": str,
+        "rows": list,
+        "copy_gbs": (int, float),
+    }
+    if not isinstance(result, dict):
+        wrong = list(keys)
+    else:
+        wrong = [k for k, kind in keys.items() if not isinstance(result.get(k), kind)]
+    if wrong:
+        raise SystemExit(
+            f"gemsops bench: --from-json {path}: not a saved gemsops bench run "
+            f"(missing or malformed: {', '.join(wrong)}); write one with "
+            "`gemsops bench --json PATH`"
+        )
+    saved: dict[str, Any] = result
+    return saved
 
 
 def _report(result: dict[str, Any]) -> None:
@@ -562,11 +612,7 @@ def _save(result: dict[str, Any], path: str | None) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark and print the table; write JSON and a plot when asked."""
-    if args.from_json:
-        with open(args.from_json) as fh:
-            result = json.load(fh)
-    else:
-        result = measure(args)
+    result = _read_json(args.from_json) if args.from_json else measure(args)
     _report(result)
     if args.plot and not _plot(result["rows"], args.plot, _model_lines(result)):
         print("gemsops bench: matplotlib is not installed; no plot written", file=sys.stderr)

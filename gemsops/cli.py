@@ -1,6 +1,9 @@
 """``gemsops`` command line: ``demo``, ``ops`` and ``bench``.
 
-Bad arguments print a usage message and exit 2, never a traceback.
+Bad arguments print a usage message and exit 2. A bad value for ``bench --ops``,
+``--dtypes`` or ``--from-json``, and any gemshal or gemsops error (a vendor whose
+extension or devices are missing here, say), print one line and exit 1. None of them
+shows a traceback.
 """
 
 from __future__ import annotations

@@ -124,3 +124,50 @@ def test_model_lines_render_from_saved_json_with_graph_times(
     assert "gemsops |loss diff| 0.001, max |grad diff| 0.002" in printed
     assert "against eager torch: gemsops 0.001, torch 0" in printed
     assert "copy bandwidth" not in printed  # no rows: no table
+
+
+def test_bench_from_json_missing_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    """`--from-json` of a file that does not exist exits with one line naming the file and
+    the problem, no traceback."""
+    missing = tmp_path / "nope.json"
+    with pytest.raises(SystemExit, match=r"--from-json .*nope\.json: cannot read it: No such file"):
+        main(["bench", "--from-json", str(missing)])
+
+
+def test_bench_from_json_malformed_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    """`--from-json` of a file that is not JSON, or not a saved run, names the file and what
+    is wrong with it."""
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SystemExit, match=r"bad\.json: not valid JSON"):
+        main(["bench", "--from-json", str(bad)])
+    other = tmp_path / "other.json"
+    other.write_text('{"rows": 3}')
+    with pytest.raises(SystemExit, match=r"other\.json: not a saved gemsops bench run.*rows"):
+        main(["bench", "--from-json", str(other)])
+
+
+def test_bench_rejects_unknown_dtypes_listing_the_valid_ones() -> None:
+    """An unknown --dtypes name stops the run naming it and listing the valid dtypes."""
+    with pytest.raises(SystemExit, match=r"unknown dtype\(s\) \['bogus'\]; known: \[.*'float32'"):
+        main(["bench", "--tiny", "--no-host", "--dtypes", "bogus"])
+
+
+def test_bench_errors_when_the_filters_select_nothing() -> None:
+    """--ops and --dtypes that are each valid but match no case together are an error,
+    not an empty run that exits 0."""
+    import argparse
+
+    import torch
+
+    from gemsops import bench
+
+    all_cases = bench.cases(tiny=False)
+    op = next(c.op for c in all_cases if c.dtype == torch.float32)
+    others = {str(c.dtype)[6:] for c in all_cases if c.op != op} - {
+        str(c.dtype)[6:] for c in all_cases if c.op == op
+    }
+    assert others  # the full suite has an op in one dtype only
+    args = argparse.Namespace(ops=op, dtypes=sorted(others)[0])
+    with pytest.raises(SystemExit, match="no case has"):
+        list(bench._filtered(all_cases, args))
