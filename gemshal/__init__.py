@@ -24,6 +24,7 @@ from gemshal.errors import ConfigError as ConfigError
 from gemshal.errors import DeviceGuardError as DeviceGuardError
 from gemshal.errors import DeviceNotFoundError as DeviceNotFoundError
 from gemshal.errors import GemshalError as GemshalError
+from gemshal.errors import PluginLoadError as PluginLoadError
 from gemshal.errors import UnknownVendorError as UnknownVendorError
 from gemshal.probe import Claim as Claim
 from gemshal.probe import Facts as Facts
@@ -54,6 +55,7 @@ __all__ = [
     "Facts",
     "GemshalError",
     "PluginFailure",
+    "PluginLoadError",
     "StaticFacts",
     "TraceStep",
     "UnknownVendorError",

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from gemshal.errors import AmbiguousDeviceError, ConfigError, UnknownVendorError
+from gemshal.errors import AmbiguousDeviceError, ConfigError, PluginLoadError, UnknownVendorError
 from gemshal.probe import Claim, Facts
-from gemshal.registry import PluginLoadError, plugin_failures, vendor, vendors
+from gemshal.registry import plugin_failures, vendor, vendors
 from gemshal.vendor import VendorInfo
 
 __all__ = ["COMMAND_TIMEOUT_S", "Detection", "TraceStep", "detect", "env_flag"]

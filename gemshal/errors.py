@@ -12,6 +12,7 @@ __all__ = [
     "DeviceGuardError",
     "DeviceNotFoundError",
     "GemshalError",
+    "PluginLoadError",
     "UnknownVendorError",
 ]
 
@@ -38,3 +39,7 @@ class DeviceGuardError(GemshalError, ValueError):
 
 class ConfigError(GemshalError, ValueError):
     """A tuning-config file or entry is malformed or missing."""
+
+
+class PluginLoadError(GemshalError, ImportError):
+    """A vendor was asked for whose plugin failed to load; the plugin's error is the cause."""

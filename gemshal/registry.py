@@ -17,13 +17,12 @@ import threading
 
 import attrs
 
-from gemshal.errors import GemshalError, UnknownVendorError
+from gemshal.errors import GemshalError, PluginLoadError, UnknownVendorError
 from gemshal.vendor import VendorInfo
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginFailure",
-    "PluginLoadError",
     "plugin_failures",
     "register_vendor",
     "vendor",
@@ -32,10 +31,6 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "gemshal.vendors"
-
-
-class PluginLoadError(GemshalError, ImportError):
-    """A vendor was asked for whose plugin failed to load; the plugin's error is the cause."""
 
 
 @attrs.frozen

@@ -83,11 +83,12 @@ def fake_vendor(
     module = FakeDeviceModule(count=count)
     saved_state, saved_explicit = _device._STATE, _device._EXPLICIT
     added = name not in _registry.vendor_names()
-    if added:
-        _registry.register_vendor(info, source="gemshal.testing.fake_vendor")
-    step = TraceStep("explicit", "chosen", "gemshal.testing.fake_vendor", name)
-    _device._install(Detection(_registry.vendor(name), "explicit", (step,)), module)
     try:
+        if added:
+            _registry.register_vendor(info, source="gemshal.testing.fake_vendor")
+        step = TraceStep("explicit", "chosen", "gemshal.testing.fake_vendor", name)
+        # Installing can raise (a vendor with no devices): the finally undoes the rest.
+        _device._install(Detection(_registry.vendor(name), "explicit", (step,)), module)
         yield module
     finally:
         _device._STATE, _device._EXPLICIT = saved_state, saved_explicit

@@ -15,7 +15,7 @@ import gemshal
 from gemshal import DeviceNotFoundError, GemshalError
 from gemshal import device as device_module
 from gemshal.detect import Detection, TraceStep
-from gemshal.registry import PluginLoadError
+from gemshal.errors import PluginLoadError
 from gemshal.testing import FakeDeviceModule
 
 ROOT = Path(__file__).resolve().parent.parent

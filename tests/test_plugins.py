@@ -12,7 +12,7 @@ import pytest
 
 import gemshal
 from gemshal.cli import main
-from gemshal.registry import PluginLoadError
+from gemshal.errors import PluginLoadError
 
 ROOT = Path(__file__).resolve().parent.parent
 # Kept apart from tests/plugins so the other plugin tests see only their two plugins.
