@@ -27,7 +27,7 @@ from gemsops.errors import Unsupported
 from gemsops.ops.grid import cdiv
 from gemsops.ops.norm_kernels import KERNELS as _KERNELS
 from gemsops.ops.norm_kernels import column_sum_kernel as _column_sum_kernel
-from gemsops.ops.pointwise_types import check_fp64
+from gemsops.ops.pointwise_types import check_fp64, holds_large
 
 __all__ = [
     "IMPLS",
@@ -215,6 +215,20 @@ def _ln_stat_dtype(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> tor
     return p.dtype if p is not None else x.dtype
 
 
+def _check_edges(x: Tensor, N: int) -> None:
+    """On the CPU, hand rows torch's kernel answers by its summation order back to it.
+
+    torch's CPU layer norm (a vectorised Welford pass) gives the mean of a row holding
+    an infinity as inf or nan by the infinity's position, and nan for rows whose squared
+    deviations overflow its float accumulator (``|x| >= sqrt(max / 4N)``), by its lane
+    width. Such inputs go to torch's own kernel. nan rows need nothing: all nan, as in
+    torch. Off the CPU no input is read (a device sync): there such rows give nan
+    outputs and rstd.
+    """
+    if N and holds_large(x, math.sqrt(torch.finfo(_acc(x.dtype)[1]).max / (4 * N))):
+        raise Unsupported("an infinite or huge input: torch's statistics depend on its order")
+
+
 def _shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(normalized_shape, int):
         return (normalized_shape,)
@@ -240,7 +254,10 @@ def native_layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Te
         Unsupported: an input this kernel does not take (torch's kernel serves it).
     """
     ns = _shape(normalized_shape)
-    return _forward(input, ns, weight, bias, eps, False, _ln_stat_dtype(input, weight, bias))
+    stat_dtype = _ln_stat_dtype(input, weight, bias)
+    if input.is_cpu and input.dtype in _FLOATS and input.layout == torch.strided:
+        _check_edges(input, math.prod(ns))
+    return _forward(input, ns, weight, bias, eps, False, stat_dtype)
 
 
 def native_layer_norm_backward(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int],

@@ -17,10 +17,11 @@ from torch import Tensor
 
 from gemsops.errors import Unsupported
 from gemsops.ops import pointwise_math as M
-from gemsops.ops.pointwise_iterator import broadcast_shape, run
+from gemsops.ops.pointwise_iterator import broadcast_shape, resize_output, run
 from gemsops.ops.pointwise_types import (
     ALL_DTYPES,
     FLOAT_DTYPES,
+    device_type,
     has_fp64,
     overflows,
     result_type,
@@ -103,7 +104,19 @@ def _add(sub: bool, self: Value, other: Value, alpha: Number, out: Tensor | None
         raise Unsupported("a float alpha with integer inputs")  # torch raises
     if isinstance(alpha, bool) and common != torch.bool:
         raise Unsupported("a bool alpha with non-bool inputs")  # torch raises
+    if not (type(alpha) is int and -128 <= alpha <= 127) and overflows(alpha, _alpha_type(common)):
+        # torch converts alpha with a range check and raises (an int8 tensor with alpha
+        # 1000); within range the integer result wraps, as the kernel's does.
+        raise Unsupported(f"alpha {alpha} overflows {common}")
     return run(SUB_ALPHA if sub else ADD_ALPHA, (self, other, alpha), out=out, inplace=inplace)
+
+
+def _alpha_type(common: torch.dtype) -> torch.dtype:
+    """The type torch converts alpha to: the common dtype in its CPU kernel, the compute
+    type (float32 for half types) in its accelerator kernels."""
+    if common in (torch.float16, torch.bfloat16) and device_type() != "cpu":
+        return torch.float32
+    return common
 
 
 def add(self: Tensor, other: Value, *, alpha: Number = 1, out: Tensor | None = None) -> Tensor:
@@ -190,7 +203,7 @@ def _full(value: Number, a: Value, b: Value, dtype: torch.dtype, out: Tensor | N
     elif not torch.can_cast(dtype, out.dtype):
         raise Unsupported(f"a {dtype} result cannot be cast to a {out.dtype} output")
     elif out.shape != shape:
-        out.resize_(shape)
+        resize_output(out, shape, [x for x in (a, b) if isinstance(x, Tensor)])
     return run(FILL, (value,), out=out, inplace=True)
 
 
@@ -287,7 +300,7 @@ def _clamp(self: Tensor, lo: Value | None, hi: Value | None, out: Tensor | None,
         # A nan scalar bound: torch's CPU kernel gives nan, its CUDA kernel the input value
         # (seen on an H200, torch 2.11, for integer and float16 tensors); off the CPU it is
         # handed back, so the answer is the device's own torch's.
-        raise Unsupported("a nan scalar bound: torch's CPU and CUDA kernels differ")
+        raise Unsupported("a nan scalar bound: torch's kernels differ between devices")
     if lo is None:
         return run(CLAMP_MAX, (self, hi), out=out, inplace=inplace)
     if hi is None:

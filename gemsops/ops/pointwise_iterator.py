@@ -13,6 +13,7 @@ takes a fast path whose dtype decisions are cached per (op, operand dtypes).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ from gemsops.ops.pointwise_codegen import (
 from gemsops.ops.pointwise_types import PointwiseOp, device_type, op_dtypes, scalar_arg
 from gemsops.ops.pointwise_types import casts as operand_casts
 
-__all__ = ["broadcast_shape", "run"]
+__all__ = ["broadcast_shape", "resize_output", "run"]
 
 Number = bool | int | float
 Casts = tuple[torch.dtype | None, torch.dtype | None]  # (via, to) of pointwise_types.casts
@@ -106,6 +107,102 @@ def _check_out(out: Tensor, tensors: Sequence[Tensor]) -> None:
         tlo, thi = _span(t)
         if tlo < hi and lo < thi:
             raise Unsupported("an input partly overlaps the output")
+
+
+_CHANNELS_LAST: Any = "channels_last"
+
+
+def _output_layout(shape: tuple[int, ...], tensors: Sequence[Tensor]) -> Any:
+    """The layout torch's TensorIterator gives a new output of ``shape``: None for
+    contiguous, :data:`_CHANNELS_LAST`, or strides.
+
+    Same-shape operands that are all contiguous, all channels-last or all dense with one
+    set of strides keep that layout. Otherwise the dims are sorted by the operands'
+    strides, the first operand deciding and the next ones breaking ties (broadcast dims
+    left out), so the output follows the first input's memory order.
+    """
+    n = len(shape)
+    if n <= 1 or not tensors or all(t.is_contiguous() for t in tensors):
+        return None  # (contiguous inputs sort into the contiguous order, broadcast or not)
+    if all(t.shape == shape for t in tensors):
+        if n == 4 and all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors):
+            return _CHANNELS_LAST
+        first = tensors[0].stride()
+        if all(t.stride() == first for t in tensors) and _dense(shape, first):
+            return first
+    strides = []
+    for t in tensors:
+        off = n - t.dim()
+        strides.append([0] * off + [0 if size == 1 and shape[off + i] != 1 else t.stride(i)
+                                    for i, size in enumerate(t.shape)])
+
+    def should_swap(d0: int, d1: int) -> int:
+        for st in strides:
+            s0, s1 = st[d0], st[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    # torch's insertion sort, fastest dim first, with ambiguous comparisons left alone.
+    perm = list(range(n - 1, -1, -1))
+    for i in range(1, n):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    if perm == list(range(n - 1, -1, -1)):
+        return None
+    out = [0] * n
+    step = 1
+    for d in perm:
+        out[d] = step
+        step *= shape[d]
+    return tuple(out)
+
+
+def _new_output(shape: tuple[int, ...], tensors: Sequence[Tensor], dtype: torch.dtype,
+                device: torch.device) -> Tensor:
+    layout = _output_layout(shape, tensors)
+    if layout is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if layout is _CHANNELS_LAST:
+        return torch.empty(shape, dtype=dtype, device=device, memory_format=torch.channels_last)
+    return torch.empty_strided(shape, layout, dtype=dtype, device=device)
+
+
+def resize_output(out: Tensor, shape: tuple[int, ...], tensors: Sequence[Tensor]) -> None:
+    """Resize an ``out=`` tensor as torch does: its warning when ``out`` had elements, and
+    the layout a new output would get."""
+    if out.numel():
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape "
+            f"{list(out.shape)}, which does not match the required output shape {list(shape)}. "
+            "This behavior is deprecated, and in a future PyTorch release outputs will not be "
+            "resized unless they have zero elements. You can explicitly reuse an out tensor t "
+            "by resizing it, inplace, to zero elements with t.resize_(0).",
+            UserWarning,
+            stacklevel=3,
+        )
+    layout = _output_layout(shape, tensors)
+    if layout is _CHANNELS_LAST:
+        out.resize_(shape, memory_format=torch.channels_last)
+        return
+    out.resize_(shape)
+    if layout is not None:
+        out.as_strided_(shape, layout)
+
+
+def _same_walk(shape: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bool:
+    """Equal strides on every dim of more than one element (a flat walk reads both alike)."""
+    return all(x == y for x, y, size in zip(a, b, shape, strict=True) if size != 1)
 
 
 # --- run --------------------------------------------------------------------------
@@ -314,13 +411,15 @@ def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
     if flat and full and not full[0].is_contiguous():
         flat = _dense(shape, strides)  # type: ignore[arg-type]
     if out is None:
-        if flat and full and not full[0].is_contiguous():
-            out = torch.empty_strided(shape, strides, dtype=result, device=device)  # type: ignore[arg-type]
+        # torch's layout: the first input's memory order when the inputs' layouts differ.
+        out = _new_output(shape, tensors, result, device)
+        if full:
+            flat = flat and _same_walk(shape, out.stride(), strides)  # type: ignore[arg-type]
         else:
-            out = torch.empty(shape, dtype=result, device=device)
+            flat = out.is_contiguous() or _dense(shape, out.stride())
     else:
         if tuple(out.shape) != shape:
-            out.resize_(shape)
+            resize_output(out, shape, tensors)
         if not full:
             flat = out.is_contiguous() or _dense(shape, out.stride())
         else:

@@ -33,6 +33,7 @@ __all__ = [
     "check_fp64",
     "device_type",
     "has_fp64",
+    "holds_large",
     "op_dtypes",
     "overflows",
     "result_type",
@@ -210,6 +211,24 @@ def op_dtypes(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None,
     ):
         raise Unsupported("float64 on a device without fp64")
     return common, compute, result
+
+
+def holds_large(x: Tensor, limit: float) -> bool:
+    """Whether a CPU floating tensor holds an infinity or a finite value of magnitude >= limit.
+
+    nan does not count. Read through numpy (no torch op, so no re-entry into gemsops);
+    bfloat16 through its bits, with ``limit`` rounded down (a few more values count).
+    """
+    import numpy as np
+
+    t = x.detach()
+    if t.dtype == torch.bfloat16:
+        bits = t.view(torch.int16).numpy().view(np.uint16) & 0x7FFF
+        low = int(np.array(limit, dtype=np.float32).view(np.uint32)) >> 16
+        return bool(((bits >= low) & (bits <= 0x7F80)).any())
+    if limit > torch.finfo(t.dtype).max:
+        limit = math.inf  # only the infinities
+    return bool((np.abs(t.numpy()) >= limit).any())
 
 
 # --- scalars ----------------------------------------------------------------------

@@ -9,6 +9,8 @@ the counts follow from the chunk size) are merged the same way by a second launc
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +20,8 @@ import triton.language as tl
 from torch import Tensor
 
 from gemshal.autotune import autotune
+from gemsops.errors import Unsupported
+from gemsops.ops.pointwise_types import holds_large
 from gemsops.ops.reduce_layout import (
     Layout,
     acc_dtype,
@@ -190,6 +194,12 @@ def _launch(
     )
 
 
+_DOF_WARNING = (
+    "var_mean(): degrees of freedom is <= 0. Correction should be strictly less than the "
+    "reduction factor (input numel divided by output numel)."
+)
+
+
 def var_mean(
     x: Tensor,
     dim: int | Sequence[int] | None = None,
@@ -200,39 +210,59 @@ def var_mean(
     """Variance and mean over ``dim`` (all dims when None or empty), like ``torch.var_mean``.
 
     The variance divides the sum of squared deviations by ``max(0, N - correction)``
-    (``correction`` defaults to 1): no degrees of freedom give inf or nan, like torch.
+    (``correction`` defaults to 1): no degrees of freedom give inf or nan, and torch's
+    warning.
 
     Raises:
         RuntimeError: ``x`` is not floating point (torch's message).
+        Unsupported: on the CPU, an input holding an infinity or a value huge enough
+            for the squared deviations to overflow (torch's own kernel answers those).
     """
+    var, mean, no_dof = _var_mean(x, dim, correction, keepdim)
+    if no_dof:
+        warnings.warn(_DOF_WARNING, UserWarning, stacklevel=2)
+    return var, mean
+
+
+def _var_mean(
+    x: Tensor, dim: int | Sequence[int] | None, correction: float | None, keepdim: bool
+) -> tuple[Tensor, Tensor, bool]:
+    """(var, mean, whether torch warns that no degrees of freedom are left)."""
     check_input(x)
     if not x.dtype.is_floating_point:
         raise RuntimeError("var_mean only support floating point and complex dtypes")
     dims = dim_list(dim, x.dim())
     shape = reduced_shape(x.shape, dims, keepdim)
+    corr = 1 if correction is None else correction
     var = torch.empty(shape, dtype=x.dtype, device=x.device)
     mean = torch.empty(shape, dtype=x.dtype, device=x.device)
-    if var.numel() == 0:
-        return var, mean
+    outputs = var.numel()
+    if outputs == 0:
+        return var, mean, corr >= 0  # torch counts 0 elements per output here
+    total = x.numel() // outputs
+    acc = acc_dtype(x.dtype)
+    if x.is_cpu and total and holds_large(x, math.sqrt(torch.finfo(acc).max / (4 * total))):
+        # torch's CPU kernel (a Welford pass accumulating in float64) gives the mean of a
+        # line holding an infinity as inf or nan by its position, and keeps huge float32
+        # lines finite; off the CPU no input is read (a device sync).
+        raise Unsupported("an infinite or huge input: torch's answer depends on its order")
     lay = plan(x, dims)
     assert lay is not None  # copy=True (the default): plan never returns None
-    total = lay.N
-    corr = 1 if correction is None else correction
     # An integral dof is passed as an integer so float64 keeps it exact at any size.
     dof: float | int = total - corr
+    no_dof = dof <= 0
     dof = dof if dof > 0 else 0
     if float(dof).is_integer():
         dof = int(dof)
-    acc = acc_dtype(x.dtype)
     parts, chunk = split(lay)
     if parts == 1:
         _launch(lay, None, mean, var, 1, lay.N, total, 1, dof, acc, True)
-        return var, mean
+        return var, mean, no_dof
     p_mean = part_buffer(lay, parts, acc)
     p_m2 = part_buffer(lay, parts, acc)
     _launch(lay, None, p_mean, p_m2, parts, chunk, total, 1, 1, acc, False)
     _launch(part_layout(lay, p_mean), p_m2, mean, var, 1, parts, total, chunk, dof, acc, True)
-    return var, mean
+    return var, mean, no_dof
 
 
 def _var_mean_out(
@@ -246,8 +276,11 @@ def _var_mean_out(
 ) -> tuple[Tensor, Tensor]:
     # Takes aten's var_mean.correction_out arguments as they are (see IMPLS).
     check_input(self)
-    var, mean = var_mean(self, dim, correction=correction, keepdim=keepdim)
-    return write_out(out0, var, self, out1), write_out(out1, mean, self, out0)
+    var, mean, no_dof = _var_mean(self, dim, correction, keepdim)
+    result = write_out(out0, var, self, out1), write_out(out1, mean, self, out0)
+    if no_dof:  # after the writes: a call handed to torch gets torch's warning alone
+        warnings.warn(_DOF_WARNING, UserWarning, stacklevel=2)
+    return result
 
 
 IMPLS: dict[str, Callable[..., Any]] = {

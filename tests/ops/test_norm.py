@@ -143,12 +143,17 @@ def test_fused_rms_norm_statistic(case) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("special", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_rows_stay_local(special: float) -> None:
-    """A nan/inf in one row makes that row nan (as torch) and leaves the other rows exact."""
+    """A nan/inf in one row makes that row nan (as torch) and leaves the other rows exact;
+    on the CPU an inf goes to torch's layer norm (whose mean there depends on its order)."""
     x = torch.randn(6, 150, device=DEV)
     x[2, 100] = special
-    out = NM.layer_norm(x, (150,))
-    assert_close(out, reference(F.layer_norm, x, (150,)), reduce_size=150)
-    assert bool(out[2].isnan().all())
+    if math.isinf(special) and x.device.type == "cpu":
+        with pytest.raises(Unsupported):
+            NM.layer_norm(x, (150,))
+    else:
+        out = NM.layer_norm(x, (150,))
+        assert_close(out, reference(F.layer_norm, x, (150,)), reduce_size=150)
+        assert bool(out[2].isnan().all())
     out = NM.rms_norm(x, (150,))
     assert_close(out, reference(F.rms_norm, x, (150,), None, torch.finfo(torch.float32).eps),
                  reduce_size=150)
