@@ -5,14 +5,20 @@ current vendor's dispatch key. Before overriding an overload, torch's own kernel
 that key is captured with ``torch.library.get_kernel``: an input a gemsops kernel
 does not handle (it raises :class:`~gemsops.errors.Unsupported`) is passed to that
 kernel and counted. Dropping the Library object restores torch's kernels exactly.
+
+The registration is process-wide; use_gems() blocks are counted across threads under
+``_LOCK`` (see use_gems). The fallback takes any argument: Python numbers where torch's
+schema takes a tensor are made 0-dim tensors that promote as the numbers did.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import difflib
 import importlib
 import threading
+import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -22,6 +28,7 @@ import attrs
 import torch
 
 import gemshal
+from gemshal.errors import GemshalError
 from gemsops.errors import GemsopsError, UnknownOpError, Unsupported
 
 __all__ = [
@@ -102,15 +109,17 @@ def known_ops() -> tuple[str, ...]:
     return tuple(sorted({base_name(o) for o in overloads} | set(overloads)))
 
 
-def resolve_names(names: Iterable[str]) -> frozenset[str]:
+def resolve_names(names: Iterable[str] | str) -> frozenset[str]:
     """Turn op names (``"add"``) and overloads (``"add.Tensor"``) into overloads.
+
+    A lone string is one name.
 
     Raises:
         UnknownOpError: a name gemsops does not implement (the message lists close matches).
     """
     overloads = implementations()
     out: set[str] = set()
-    for name in names:
+    for name in (names,) if isinstance(names, str) else names:
         if name in overloads:
             out.add(name)
             continue
@@ -185,22 +194,217 @@ def in_gemsops() -> bool:
     return _INSIDE.depth > 0
 
 
+_DELIBERATE = (GemsopsError, GemshalError)
+"""Errors an implementation raises on purpose (a bad setting): they reach the caller."""
+_NUMBERS = (bool, int, float, complex)
+_FLOAT_TO_COMPLEX = {
+    torch.float16: torch.complex32,
+    torch.float32: torch.complex64,
+    torch.float64: torch.complex128,
+}
+
+
+def _tensor_params(schema: Any) -> tuple[tuple[int, ...], tuple[str, ...], frozenset[str]]:
+    """Where a schema takes tensors: positional indices, keyword-only names, out names.
+
+    ``Tensor``, ``Tensor?``, ``Tensor[]`` and ``Tensor?[]`` arguments count.
+    """
+    positions: list[int] = []
+    keywords: list[str] = []
+    outs: set[str] = set()
+    for i, arg in enumerate(schema.arguments):
+        kind = arg.type
+        if isinstance(kind, torch.ListType):
+            kind = kind.getElementType()
+        if isinstance(kind, torch.OptionalType):
+            kind = kind.getElementType()
+        if not isinstance(kind, torch.TensorType):
+            continue
+        if arg.kwarg_only:
+            keywords.append(arg.name)
+        else:
+            positions.append(i)
+        if arg.is_out:
+            outs.add(arg.name)
+    return tuple(positions), tuple(keywords), frozenset(outs)
+
+
+def _combine(higher: torch.dtype | None, lower: torch.dtype | None) -> torch.dtype | None:
+    """c10's ``combine_categories``: how a lower promotion level joins a higher one."""
+    if higher is None or lower is None:
+        return lower if higher is None else higher
+    if higher.is_complex:
+        return higher
+    if lower.is_complex:
+        return _FLOAT_TO_COMPLEX.get(higher) if higher.is_floating_point else lower
+    if higher.is_floating_point:
+        return higher
+    if higher == torch.bool or lower.is_floating_point:
+        return torch.promote_types(higher, lower)
+    return higher
+
+
+def _promote(a: torch.dtype | None, b: torch.dtype) -> torch.dtype:
+    return b if a is None else torch.promote_types(a, b)
+
+
+def _number_dtype(numbers: list[Any]) -> torch.dtype:
+    """The dtype torch gives numbers in promotion (the default float dtype for floats)."""
+    default = torch.get_default_dtype()
+    out = torch.bool
+    for n in numbers:
+        if isinstance(n, bool):
+            kind = torch.bool
+        elif isinstance(n, int):
+            kind = torch.int64
+        elif isinstance(n, float):
+            kind = default
+        else:
+            kind = _FLOAT_TO_COMPLEX.get(default, torch.complex64)
+        out = torch.promote_types(out, kind)
+    return out
+
+
+def _wrapped_dtype(tensors: list[Any], numbers: list[Any]) -> torch.dtype:
+    """A dtype for 0-dim tensors standing for ``numbers`` that promotes as they do.
+
+    The dispatcher hands a Python kernel wrapped-number tensors (``x + 1``) as Python
+    numbers, and torch's kernel takes them back only as tensors. Torch promotes tensors
+    in three levels (dimensioned, 0-dim, wrapped numbers): the chosen dtype, at the
+    0-dim level, gives the same result dtype, and is the widest of its kind that does
+    (so the value reaches the kernel as exact as a wrapped number would).
+    """
+    dim: torch.dtype | None = None
+    zero: torch.dtype | None = None
+    for t in tensors:
+        if t.dim():
+            dim = _promote(dim, t.dtype)
+        else:
+            zero = _promote(zero, t.dtype)
+    wrapped = _number_dtype(numbers)
+    result = _combine(dim, _combine(zero, wrapped))
+    for candidate in (_widest(wrapped), wrapped):
+        if _combine(dim, _promote(zero, candidate)) == result:
+            return candidate
+    return result if result is not None else wrapped
+
+
+def _widest(dtype: torch.dtype) -> torch.dtype:
+    """The widest dtype of ``dtype``'s kind (bool, integer, floating, complex)."""
+    if dtype.is_complex:
+        return torch.complex128
+    if dtype.is_floating_point:
+        return torch.float64
+    return torch.bool if dtype == torch.bool else torch.int64
+
+
+def _as_tensor(value: Any, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` as a 0-dim CPU tensor of ``dtype``, cast as torch's kernels cast it."""
+    return torch.tensor(value, dtype=_widest(_number_dtype([value]))).to(dtype)
+
+
+def _numbers_as_tensors(
+    params: tuple[tuple[int, ...], tuple[str, ...], frozenset[str]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """``args``/``kwargs`` with Python numbers at tensor arguments made tensors, or None.
+
+    None when there is no number where the schema takes a tensor (the common case).
+    """
+    positions, keywords, outs = params
+    tensors: list[Any] = []
+    numbers: list[Any] = []
+
+    def scan(value: Any, promoted: bool) -> None:
+        if isinstance(value, torch.Tensor):
+            if promoted:
+                tensors.append(value)
+        elif isinstance(value, _NUMBERS):
+            numbers.append(value)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                scan(item, promoted)
+
+    for i in positions:
+        if i < len(args):
+            scan(args[i], True)
+    for name in keywords:
+        if name in kwargs:
+            scan(kwargs[name], name not in outs)
+    if not numbers:
+        return None
+    dtype = _wrapped_dtype(tensors, numbers)
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, _NUMBERS):
+            return _as_tensor(value, dtype)
+        if isinstance(value, list | tuple):
+            return type(value)(convert(item) for item in value)
+        return value
+
+    new_args = list(args)
+    for i in positions:
+        if i < len(args):
+            new_args[i] = convert(args[i])
+    new_kwargs = dict(kwargs)
+    for name in keywords:
+        if name in kwargs:
+            new_kwargs[name] = convert(kwargs[name])
+    return tuple(new_args), new_kwargs
+
+
+def _reason(error: Exception) -> str:
+    """The fallback reason for an error an implementation raised: its type and first line."""
+    lines = str(error).strip().splitlines()
+    return f"gemsops raised {type(error).__name__}" + (f": {lines[0][:160]}" if lines else "")
+
+
 def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[..., Any]:
     inside = _INSIDE
+    call_torch = original.call_boxed
+    params: list[tuple[tuple[int, ...], tuple[str, ...], frozenset[str]]] = []
+
+    def to_torch(keyset: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # torch's kernel, given tensors where its schema takes them (see _wrapped_dtype).
+        # Torch ops made while converting go straight to torch, as inside a kernel.
+        before = inside.depth
+        inside.depth = 1
+        try:
+            if not params:  # looked up on first use: enable() stays quick
+                name, _, over = overload.partition(".")
+                schema = getattr(getattr(torch.ops.aten, name), over)._schema
+                params.append(_tensor_params(schema))
+            converted = _numbers_as_tensors(params[0], args, kwargs)
+        finally:
+            inside.depth = before
+        if converted is not None:
+            args, kwargs = converted
+        return call_torch(keyset, *args, **kwargs)
+
+    def fallback(keyset: Any, reason: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        for rec in _RECORDS:
+            rec.fallbacks[(overload, reason)] += 1
+        return to_torch(keyset, args, kwargs)
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         if inside.depth:
             # An aten call made while a gemsops kernel runs comes from the machinery under
             # it (the Triton interpreter copies tensors with torch ops): torch serves it.
-            return original.call_boxed(keyset, *args, **kwargs)
+            return to_torch(keyset, args, kwargs)
         inside.depth = 1
         try:
             out = fn(*args, **kwargs)
         except Unsupported as why:
             inside.depth = 0
-            for rec in _RECORDS:
-                rec.fallbacks[(overload, why.reason)] += 1
-            return original.call_boxed(keyset, *args, **kwargs)
+            return fallback(keyset, why.reason, args, kwargs)
+        except _DELIBERATE:
+            raise
+        except Exception as error:
+            # A check that could not take the input (say, a dtype test torch.iinfo
+            # refuses): torch's kernel answers, or raises torch's own error.
+            inside.depth = 0
+            return fallback(keyset, _reason(error), args, kwargs)
         finally:
             inside.depth = 0
         for rec in _RECORDS:
@@ -211,12 +415,18 @@ def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[...,
     return kernel
 
 
+_Key = tuple[frozenset[str], frozenset[str] | None]
+"""enable()'s arguments as sets: (unused, include)."""
+
+
 @attrs.frozen
 class _Active:
     overloads: frozenset[str]
     library: Any = attrs.field(eq=False)
-    key: tuple[frozenset[str], frozenset[str] | None]
+    key: _Key
     skipped: dict[str, str] = attrs.field(factory=dict, eq=False)
+    slots: tuple[tuple[str, str], ...] = attrs.field(default=(), eq=False)
+    """(aten name, dispatch key) of every kernel registered."""
 
 
 _ACTIVE: _Active | None = None
@@ -262,13 +472,14 @@ def _autograd_key(key: str) -> str | None:
     return name if name in torch._C.DispatchKey.__members__ else None
 
 
-def _register(overloads: frozenset[str]) -> tuple[Any, frozenset[str], dict[str, str]]:
+def _register(overloads: frozenset[str]) -> _Active:
     impls = implementations()
     backend = gemshal.current_vendor().dispatch_key
     autograd = _autograd_key(backend)
     library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]
     served: set[str] = set()
     skipped: dict[str, str] = {}
+    slots: list[tuple[str, str]] = []
     with warnings.catch_warnings():
         # torch warns once that a kernel is overridden: that is the point of enable().
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
@@ -290,43 +501,96 @@ def _register(overloads: frozenset[str]) -> tuple[Any, frozenset[str], dict[str,
             kernel = _wrap(overload, impls[overload], original)
             library.impl(name, kernel, key, with_keyset=True)  # type: ignore[no-untyped-call]
             served.add(overload)
-    return library, frozenset(served), skipped
+            slots.append((name, key))
+    return _Active(frozenset(served), library, (frozenset(), None), skipped, tuple(slots))
 
 
-def enable(*, unused: Iterable[str] = (), include: Iterable[str] | None = None) -> frozenset[str]:
+def _names(names: Iterable[str] | None) -> frozenset[str] | None:
+    """A set of names; a lone string is one name (``include="mm"``), not its letters."""
+    if names is None:
+        return None
+    return frozenset((names,) if isinstance(names, str) else names)
+
+
+def _apply(key: _Key | None) -> frozenset[str]:
+    """Make the registration the one for ``key`` (None: nothing). Call under _LOCK."""
+    global _ACTIVE
+    if key is None:
+        if _ACTIVE is not None:
+            _retire(_ACTIVE)
+            _ACTIVE.library._destroy()
+            _ACTIVE = None
+        return frozenset()
+    if _ACTIVE is not None and _ACTIVE.key == key:
+        return _ACTIVE.overloads
+    overloads = _select(*key)
+    _apply(None)
+    _ACTIVE = attrs.evolve(_register(overloads), key=key)
+    return _ACTIVE.overloads
+
+
+_RETIRED: collections.deque[tuple[float, list[Any]]] = collections.deque()
+_RETIRE_S = 5.0
+
+
+def _retire(active: _Active) -> None:
+    """Keep the kernels of a registration about to be dropped alive for a while.
+
+    torch's dispatcher reads its tables without a lock: another thread may have looked
+    our kernel up just before the Library is destroyed and still be waiting for the GIL
+    to run it. Destroying frees the kernel under it (a crash), so while other threads
+    exist, a reference to each kernel (``torch.library.get_kernel``) is held for
+    ``_RETIRE_S`` seconds. A single-threaded process holds nothing.
+    """
+    now = time.monotonic()
+    while _RETIRED and now - _RETIRED[0][0] > _RETIRE_S:
+        _RETIRED.popleft()
+    if threading.active_count() > 1:
+        _RETIRED.append((now, [torch.library.get_kernel(f"aten::{n}", k) for n, k in active.slots]))
+
+
+@attrs.define(eq=False)
+class _Block:
+    """One open use_gems() block, in any thread; compared by identity."""
+
+    key: _Key
+
+
+_BLOCKS: list[_Block] = []
+"""Every open use_gems() block of the process, oldest first. The newest one's arguments
+are the registration; when the last one closes, ``_OUTSIDE`` is put back."""
+_OUTSIDE: _Key | None = None
+"""The registration found when the first of the open blocks was entered."""
+
+
+def enable(
+    *, unused: Iterable[str] | str = (), include: Iterable[str] | str | None = None
+) -> frozenset[str]:
     """Serve aten ops with gemsops kernels at the current vendor's dispatch key.
 
     Args:
         unused: Op names or overloads to leave to torch, added to the vendor's own list.
-        include: If given, only these op names or overloads are served.
+            A string is one name.
+        include: If given, only these op names or overloads are served. A string is one
+            name.
 
     Returns:
         The aten overloads now served.
 
     Enabling again with the same arguments changes nothing; with other arguments the
-    registration is replaced.
+    registration is replaced. The registration is process-wide: it serves every thread.
+    Called while use_gems() blocks are open, it applies at once, until the next block
+    is entered or left.
     """
-    global _ACTIVE
+    key = (_names(unused) or frozenset(), _names(include))
     with _LOCK:
-        unused_set = frozenset(unused)
-        include_set = None if include is None else frozenset(include)
-        key = (unused_set, include_set)
-        if _ACTIVE is not None and _ACTIVE.key == key:
-            return _ACTIVE.overloads
-        overloads = _select(unused_set, include_set)
-        disable()
-        library, served, skipped = _register(overloads)
-        _ACTIVE = _Active(served, library, key, skipped)
-        return served
+        return _apply(key)
 
 
 def disable() -> None:
-    """Give every aten op back to torch's own kernels."""
-    global _ACTIVE
+    """Give every aten op back to torch's own kernels (in every thread)."""
     with _LOCK:
-        if _ACTIVE is not None:
-            _ACTIVE.library._destroy()
-            _ACTIVE = None
+        _apply(None)
 
 
 def skipped_ops() -> dict[str, str]:
@@ -343,20 +607,30 @@ def registered_ops() -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def use_gems(
-    *, unused: Iterable[str] = (), include: Iterable[str] | None = None
+    *, unused: Iterable[str] | str = (), include: Iterable[str] | str | None = None
 ) -> Iterator[frozenset[str]]:
     """Serve aten ops with gemsops inside the block; leave torch as it was found on exit.
 
-    Nests: leaving an inner block restores the outer block's registration.
+    The registration is process-wide and counted: it stays while any thread is inside a
+    use_gems() block, and when the last block (of any thread) is left, what was there
+    before the first one is put back. Open blocks with different arguments share one
+    registration, the most recently entered block's; leaving it restores the newest
+    block still open (so nested blocks in one thread restore the outer block's set).
     """
+    global _OUTSIDE
+    block = _Block((_names(unused) or frozenset(), _names(include)))
     with _LOCK:
-        previous = _ACTIVE
-        served = enable(unused=unused, include=include)
+        outside = _ACTIVE.key if _ACTIVE is not None else None
+        served = _apply(block.key)  # an unknown name raises here, before the block opens
+        if not _BLOCKS:
+            _OUTSIDE = outside
+        _BLOCKS.append(block)
     try:
         yield served
     finally:
         with _LOCK:
-            if previous is None:
-                disable()
-            elif _ACTIVE is None or _ACTIVE.key != previous.key:
-                enable(unused=previous.key[0], include=previous.key[1])
+            for i, open_block in enumerate(_BLOCKS):
+                if open_block is block:
+                    del _BLOCKS[i]
+                    break
+            _apply(_BLOCKS[-1].key if _BLOCKS else _OUTSIDE)

@@ -153,3 +153,16 @@ def test_every_implementation_takes_its_aten_schema(overload: str) -> None:
         assert p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY), p.name
         assert (p.kind is p.KEYWORD_ONLY) == a.kwarg_only, p.name
         assert (p.default is not p.empty) == a.has_default_value(), p.name
+
+
+def test_a_string_names_one_op_not_its_letters() -> None:
+    """include="mm" and unused="add" are one name each, as a one-element list would be."""
+    assert gemsops.enable(include="mm") == gemsops.enable(include=["mm"])
+    assert {registry.base_name(o) for o in gemsops.registered_ops()} == {"mm"}
+    served = gemsops.enable(unused="add")
+    assert "mul.Tensor" in served and not any(registry.base_name(o) == "add" for o in served)
+    with gemsops.use_gems(include="add.Tensor") as inside:
+        assert inside == {"add.Tensor"}
+    assert registry.resolve_names("add.Tensor") == {"add.Tensor"}
+    with pytest.raises(gemsops.UnknownOpError, match="'mx'"):
+        gemsops.enable(include="mx")

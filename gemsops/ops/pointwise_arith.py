@@ -209,6 +209,8 @@ def _full(value: Number, a: Value, b: Value, dtype: torch.dtype, out: Tensor | N
 
 def _pow(self: Value, exponent: Value, out: Tensor | None, inplace: bool = False) -> Tensor:
     common = result_type([self, exponent])
+    if common.is_complex:
+        raise Unsupported(f"pow in {common}")  # the kernels take no complex dtype
     if isinstance(self, Tensor) and not isinstance(exponent, Tensor):
         if overflows(exponent, common):
             raise Unsupported(f"exponent {exponent} overflows {common}")  # checked cast

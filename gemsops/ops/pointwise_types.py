@@ -238,6 +238,8 @@ def overflows(value: Number, dtype: torch.dtype) -> bool:
     """c10's ``overflows<T>(value)``, which torch's checked ``Scalar.to<T>()`` raises on."""
     if dtype == torch.bool or isinstance(value, bool):
         return False
+    if dtype.is_complex:
+        return math.isfinite(abs(value)) and abs(value) > torch.finfo(dtype).max
     if dtype.is_floating_point:
         return math.isfinite(value) and abs(value) > torch.finfo(dtype).max
     info = torch.iinfo(dtype)
