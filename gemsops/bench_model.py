@@ -10,7 +10,7 @@ repeated calls, each between two device synchronizes. It measures:
 
 - the eager training step: forward and backward, gradients reset each step;
 - the eager forward alone, and the forward replayed from a device graph captured per
-  side (``torch.cuda.graph``; warm-up on a side stream, then capture, both inside the
+  side (the device module's ``graph``; warm-up on a side stream, then capture, both inside the
   side's context so gemsops' kernels are tuned before capture). Capture needs the
   device module's ``CUDAGraph``; elsewhere (the Triton interpreter) it is skipped with
   the reason;

@@ -30,6 +30,7 @@ import torch
 import gemshal
 from gemshal.errors import GemshalError
 from gemsops.errors import GemsopsError, UnknownOpError, Unsupported
+from gemsops.promotion import FLOAT_TO_COMPLEX, combine, promote
 
 __all__ = [
     "OP_MODULES",
@@ -197,11 +198,6 @@ def in_gemsops() -> bool:
 _DELIBERATE = (GemsopsError, GemshalError)
 """Errors an implementation raises on purpose (a bad setting): they reach the caller."""
 _NUMBERS = (bool, int, float, complex)
-_FLOAT_TO_COMPLEX = {
-    torch.float16: torch.complex32,
-    torch.float32: torch.complex64,
-    torch.float64: torch.complex128,
-}
 
 
 def _tensor_params(schema: Any) -> tuple[tuple[int, ...], tuple[str, ...], frozenset[str]]:
@@ -229,25 +225,6 @@ def _tensor_params(schema: Any) -> tuple[tuple[int, ...], tuple[str, ...], froze
     return tuple(positions), tuple(keywords), frozenset(outs)
 
 
-def _combine(higher: torch.dtype | None, lower: torch.dtype | None) -> torch.dtype | None:
-    """c10's ``combine_categories``: how a lower promotion level joins a higher one."""
-    if higher is None or lower is None:
-        return lower if higher is None else higher
-    if higher.is_complex:
-        return higher
-    if lower.is_complex:
-        return _FLOAT_TO_COMPLEX.get(higher) if higher.is_floating_point else lower
-    if higher.is_floating_point:
-        return higher
-    if higher == torch.bool or lower.is_floating_point:
-        return torch.promote_types(higher, lower)
-    return higher
-
-
-def _promote(a: torch.dtype | None, b: torch.dtype) -> torch.dtype:
-    return b if a is None else torch.promote_types(a, b)
-
-
 def _number_dtype(numbers: list[Any]) -> torch.dtype:
     """The dtype torch gives numbers in promotion (the default float dtype for floats)."""
     default = torch.get_default_dtype()
@@ -260,7 +237,7 @@ def _number_dtype(numbers: list[Any]) -> torch.dtype:
         elif isinstance(n, float):
             kind = default
         else:
-            kind = _FLOAT_TO_COMPLEX.get(default, torch.complex64)
+            kind = FLOAT_TO_COMPLEX.get(default, torch.complex64)
         out = torch.promote_types(out, kind)
     return out
 
@@ -278,13 +255,13 @@ def _wrapped_dtype(tensors: list[Any], numbers: list[Any]) -> torch.dtype:
     zero: torch.dtype | None = None
     for t in tensors:
         if t.dim():
-            dim = _promote(dim, t.dtype)
+            dim = promote(dim, t.dtype)
         else:
-            zero = _promote(zero, t.dtype)
+            zero = promote(zero, t.dtype)
     wrapped = _number_dtype(numbers)
-    result = _combine(dim, _combine(zero, wrapped))
+    result = combine(dim, combine(zero, wrapped))
     for candidate in (_widest(wrapped), wrapped):
-        if _combine(dim, _promote(zero, candidate)) == result:
+        if combine(dim, promote(zero, candidate)) == result:
             return candidate
     return result if result is not None else wrapped
 

@@ -23,6 +23,7 @@ from torch import Tensor
 import gemshal
 from gemsops.errors import Unsupported
 from gemsops.ops.pointwise_codegen import BITS64, TL_DTYPES, VALUE
+from gemsops.promotion import combine, promote
 
 __all__ = [
     "ALL_DTYPES",
@@ -115,21 +116,6 @@ def _is_wrapped(t: Tensor) -> bool:
     return False
 
 
-def _combine(higher: torch.dtype | None, lower: torch.dtype | None) -> torch.dtype | None:
-    # torch's combine_categories: a lower-priority operand only counts across categories.
-    if higher is None:
-        return lower
-    if lower is None or higher.is_floating_point:
-        return higher
-    if higher == torch.bool or lower.is_floating_point:
-        return torch.promote_types(higher, lower)
-    return higher
-
-
-def _promote(acc: torch.dtype | None, dtype: torch.dtype) -> torch.dtype:
-    return dtype if acc is None else torch.promote_types(acc, dtype)
-
-
 def result_type(values: Sequence[Tensor | Number]) -> torch.dtype:
     """torch's result type of tensors and Python numbers (any count, unlike torch.result_type)."""
     if len(values) == 1:
@@ -143,14 +129,14 @@ def result_type(values: Sequence[Tensor | Number]) -> torch.dtype:
     dim = zero = wrapped = None
     for v in values:
         if not isinstance(v, Tensor):
-            wrapped = _promote(wrapped, _scalar_dtype(v))
+            wrapped = promote(wrapped, _scalar_dtype(v))
         elif v.dim() > 0:
-            dim = _promote(dim, v.dtype)
+            dim = promote(dim, v.dtype)
         elif v.device.type == "cpu" and _is_wrapped(v):
-            wrapped = _promote(wrapped, _scalar_dtype(v.item()))
+            wrapped = promote(wrapped, _scalar_dtype(v.item()))
         else:
-            zero = _promote(zero, v.dtype)
-    found = _combine(dim, _combine(zero, wrapped))
+            zero = promote(zero, v.dtype)
+    found = combine(dim, combine(zero, wrapped))
     assert found is not None
     return found
 
