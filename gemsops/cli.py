@@ -1,9 +1,9 @@
-"""``gemsops`` command line: ``demo``, ``ops`` and ``bench``.
+"""``gemsops`` command line: ``demo``, ``ops``, ``bench`` and ``selftest``.
 
-Bad arguments print a usage message and exit 2. A bad value for ``bench --ops``,
-``--dtypes`` or ``--from-json``, and any gemshal or gemsops error (a vendor whose
-extension or devices are missing here, say), print one line and exit 1. None of them
-shows a traceback.
+Bad arguments print a usage message and exit 2. A bad value for ``bench`` or
+``selftest``'s ``--ops`` or ``--dtypes``, for ``bench --from-json`` or ``selftest
+--examples``, and any gemshal or gemsops error (a vendor whose extension or devices are
+missing here, say), print one line and exit 1. None of them shows a traceback.
 """
 
 from __future__ import annotations
@@ -66,9 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     ops = sub.add_parser("ops", help="the aten ops and overloads gemsops implements")
     ops.add_argument("--json", action="store_true", help="machine-readable output")
     ops.set_defaults(run=_ops)
-    from gemsops import bench
+    from gemsops import bench, selftest
 
     bench.add_parser(sub)
+    selftest.add_parser(sub)
     return parser
 
 
