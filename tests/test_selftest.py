@@ -16,6 +16,18 @@ from gemsops.errors import Unsupported
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
+def _selftest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ops: str, dtype: str, examples: int
+) -> tuple[int, str, Path]:
+    """Run `gemsops selftest` with --json; return its exit code, output and JSON path."""
+    out_json = tmp_path / "rows.json"
+    code = main(
+        ["selftest", "--ops", ops, "--dtypes", dtype, "--examples", str(examples),
+         "--json", str(out_json)]
+    )  # fmt: skip
+    return code, capsys.readouterr().out, out_json
+
+
 def _rows(path: Path) -> dict[tuple[str, str], dict[str, Any]]:
     result = json.loads(path.read_text())
     return {(row["op"], row["dtype"]): row for row in result["rows"]}
@@ -25,12 +37,7 @@ def test_passing_ops_are_reported_passed(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Ops that match torch print a passed row per dtype, a summary, and exit 0."""
-    out_json = tmp_path / "rows.json"
-    code = main(
-        ["selftest", "--ops", "neg,sum", "--dtypes", "float32", "--examples", "3",
-         "--json", str(out_json)]
-    )  # fmt: skip
-    out = capsys.readouterr().out
+    code, out, out_json = _selftest(tmp_path, capsys, "neg,sum", "float32", 3)
     assert code == 0
     assert "neg            float32   passed" in out
     assert "sum            float32   passed" in out
@@ -56,12 +63,7 @@ def test_wrong_values_are_failed_with_the_smallest_example(
         return torch.ops.aten.neg.default(x) + 1
 
     monkeypatch.setitem(registry.implementations(), "neg.default", off_by_one)
-    out_json = tmp_path / "rows.json"
-    code = main(
-        ["selftest", "--ops", "neg", "--dtypes", "float32", "--examples", "3",
-         "--json", str(out_json)]
-    )  # fmt: skip
-    out = capsys.readouterr().out
+    code, out, out_json = _selftest(tmp_path, capsys, "neg", "float32", 3)
     assert code == 1
     assert "neg            float32   failed" in out
     assert "smallest example: tensor(" in out
@@ -81,12 +83,7 @@ def test_handed_back_ops_are_reported_with_the_reason(
         raise Unsupported("not on this test vendor")
 
     monkeypatch.setitem(registry.implementations(), "neg.default", refuse)
-    out_json = tmp_path / "rows.json"
-    code = main(
-        ["selftest", "--ops", "neg", "--dtypes", "float16", "--examples", "2",
-         "--json", str(out_json)]
-    )  # fmt: skip
-    out = capsys.readouterr().out
+    code, out, out_json = _selftest(tmp_path, capsys, "neg", "float16", 2)
     assert code == 0
     assert "handed back" in out and "not on this test vendor" in out
     row = _rows(out_json)["neg", "float16"]
