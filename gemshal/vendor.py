@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
+    import torch
+
     from gemshal.probe import Claim, Facts
 
 __all__ = ["Arch", "Capabilities", "Probe", "VendorInfo"]
@@ -52,6 +54,28 @@ class Capabilities:
     bf16: bool = True
     int64: bool = True
     fp8: bool = False
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        """Whether kernels may compute in ``dtype`` on this backend.
+
+        float64, bfloat16, int64 and the float8 types need their flag; every other
+        dtype torch has (float16, float32, the narrower integers, bool) is taken as
+        native to every Triton backend.
+        """
+        return self.refusal(dtype) is None
+
+    def refusal(self, dtype: torch.dtype) -> str | None:
+        """Why ``dtype`` is not native here (``"float64 on a device without fp64"``), or None."""
+        name = str(dtype).removeprefix("torch.")  # no torch import: gemshal.vendor stays light
+        if name == "float64" and not self.fp64:
+            return "float64 on a device without fp64"
+        if name == "bfloat16" and not self.bf16:
+            return "bfloat16 on a device without bf16"
+        if name in ("int64", "uint64") and not self.int64:
+            return f"{name} on a device without int64"
+        if name.startswith("float8") and not self.fp8:
+            return f"{name} on a device without fp8"
+        return None
 
 
 @attrs.frozen(eq=False)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from gemsops import declare as _declare
 from gemsops import tuning as _tuning
+from gemsops.declare import op as op
 from gemsops.errors import GemsopsError as GemsopsError
 from gemsops.errors import UnknownOpError as UnknownOpError
 from gemsops.errors import Unsupported as Unsupported
@@ -26,16 +28,15 @@ __version__ = "0.1.0"
 
 _tuning.register()
 
-# Public op functions, by the module that defines them; imported on first access.
+# Public op functions of modules that still keep a hand-written table (being retired:
+# declared ops are found through gemsops.declare).
 _OPS: dict[str, str] = {
     "abs": "pointwise",
     "add": "pointwise",
-    "addmm": "matmul",
     "amax": "reduce",
     "amin": "reduce",
     "argmax": "reduce_index",
     "argmin": "reduce_index",
-    "bmm": "matmul",
     "cat": "copy",
     "clamp": "pointwise",
     "clamp_max": "pointwise",
@@ -74,7 +75,6 @@ _OPS: dict[str, str] = {
     "min": "reduce",
     "min_dim": "reduce_index",
     "minimum": "pointwise",
-    "mm": "matmul",
     "mul": "pointwise",
     "native_layer_norm": "norm",
     "native_layer_norm_backward": "norm",
@@ -112,31 +112,46 @@ _OPS: dict[str, str] = {
     "zeros": "fill",
 }
 
-__all__ = [
+
+_BASE_ALL = (
     "CallRecord",
     "GemsopsError",
     "UnknownOpError",
     "Unsupported",
     "disable",
     "enable",
+    "op",
     "record",
     "registered_ops",
     "use_gems",
-    *sorted(_OPS),
-]
+)
 
 
-def __getattr__(name: str) -> Any:
-    module = _OPS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gemsops' has no attribute {name!r}")
+def _public_ops() -> dict[str, Any]:
+    """Declared public op functions by name; imports the op modules on first call."""
     import gemshal
 
     gemshal.current_device()
-    value = getattr(importlib.import_module(f"gemsops.ops.{module}"), name)
+    ops = {d.name: d.fn for d in _declare.load() if d.public}
+    for name, module in _OPS.items():
+        if name not in ops:
+            ops[name] = getattr(importlib.import_module(f"gemsops.ops.{module}"), name)
+    return ops
+
+
+def __getattr__(name: str) -> Any:
+    # __all__ is built on first use: it lists the declared ops, which importing gemsops
+    # must not load (that resolves the device).
+    if name == "__all__":
+        return sorted({*_BASE_ALL, *_public_ops()})
+    if name.startswith("_"):
+        raise AttributeError(f"module 'gemsops' has no attribute {name!r}")
+    value = _public_ops().get(name)
+    if value is None:
+        raise AttributeError(f"module 'gemsops' has no attribute {name!r}")
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_OPS))
+    return sorted(set(globals()) | set(_public_ops()))

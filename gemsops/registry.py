@@ -29,6 +29,7 @@ import torch
 
 import gemshal
 from gemshal.errors import GemshalError
+from gemsops import declare
 from gemsops.errors import GemsopsError, UnknownOpError, Unsupported
 from gemsops.promotion import FLOAT_TO_COMPLEX, combine, promote
 
@@ -46,46 +47,50 @@ __all__ = [
     "resolve_names",
     "running",
     "skipped_ops",
+    "source",
     "use_gems",
 ]
 
-OP_MODULES = (
+OP_MODULES: tuple[str, ...] = (
     "gemsops.ops.pointwise",
     "gemsops.ops.fill",
     "gemsops.ops.reduce",
     "gemsops.ops.softmax",
     "gemsops.ops.norm",
-    "gemsops.ops.matmul",
     "gemsops.ops.embedding",
     "gemsops.ops.loss",
     "gemsops.ops.copy",
     "gemsops.ops.cross_entropy",
 )
-"""Op modules, imported on first use (after gemshal has resolved the device)."""
+"""Modules still carrying a hand-written ``IMPLS`` table (read after the declarations)."""
 
 _LOCK = threading.RLock()
 _IMPLS: dict[str, Callable[..., Any]] | None = None
+_SOURCES: dict[str, declare.Declaration] = {}
 _AUTOGRAD: frozenset[str] = frozenset()
-"""Overloads served at the vendor's autograd key (a module's ``AUTOGRAD_IMPLS``)."""
+"""Overloads served at the vendor's autograd key (declared with ``autograd=True``)."""
 
 
 def implementations() -> dict[str, Callable[..., Any]]:
     """Every aten overload gemsops implements, mapped to its implementation.
 
     The first call resolves the device (which switches on the Triton interpreter on a
-    CPU-only machine) and then imports the kernel modules.
+    CPU-only machine), then imports the op modules and binds their declarations
+    (:mod:`gemsops.declare`): a vendor's override wins on that vendor.
     """
     global _IMPLS, _AUTOGRAD
     if _IMPLS is not None:
         return _IMPLS
     with _LOCK:
         if _IMPLS is None:
-            gemshal.current_device()
-            table: dict[str, Callable[..., Any]] = {}
-            autograd: set[str] = set()
+            device = gemshal.current_device()
+            bound = declare.table(declare.load(), device.vendor.name, device.arch.tag)
+            table = {overload: fn for overload, (_, fn) in bound.items()}
+            autograd = {overload for overload, (decl, _) in bound.items() if decl.autograd}
+            _SOURCES.update({overload: decl for overload, (decl, _) in bound.items()})
             for name in OP_MODULES:
                 module = importlib.import_module(name)
-                tables = (module.IMPLS, getattr(module, "AUTOGRAD_IMPLS", {}))
+                tables = (getattr(module, "IMPLS", {}), getattr(module, "AUTOGRAD_IMPLS", {}))
                 for at_autograd, impls in enumerate(tables):
                     for overload, fn in impls.items():
                         if overload in table:
@@ -96,6 +101,19 @@ def implementations() -> dict[str, Callable[..., Any]]:
             _AUTOGRAD = frozenset(autograd)
             _IMPLS = table
     return _IMPLS
+
+
+def source(overload: str) -> str:
+    """Where ``overload``'s implementation comes from: ``module.function``, with
+    ``[vendor]`` or ``[vendor/arch]`` for a vendor's override."""
+    fn = implementations()[overload]
+    decl = _SOURCES.get(overload)
+    if decl is None:
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__name__', '?')}"
+    where = f"{decl.module}.{decl.fn.__name__}"
+    if decl.vendor is not None:
+        where += f" [{decl.vendor}{'/' + decl.arch if decl.arch else ''}]"
+    return where
 
 
 def base_name(overload: str) -> str:

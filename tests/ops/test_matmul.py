@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 import gemshal
 from gemsops.errors import Unsupported
-from gemsops.ops import matmul as MM
+from gemsops.ops.matmul import mm as MM
+from gemsops.registry import implementations
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import FLOAT_DTYPES, tensors
 from gemsops.testing.tolerance import assert_close
@@ -185,15 +186,15 @@ def test_out_variants(data: st.DataObject, dtype: torch.dtype, m: int, n: int, k
     out = torch.empty(shapes[out_kind], dtype=dtype, device=DEV)
     if out_kind == "transposed":
         out = out.t()
-    res = MM.IMPLS["mm.out"](a, b, out=out)
+    res = implementations()["mm.out"](a, b, out=out)
     assert res is out and out.shape == (m, n)
     assert_close(out, reference(torch.mm, a, b), reduce_size=max(k, 1))
     out2 = torch.empty(0, dtype=dtype, device=DEV)
-    MM.IMPLS["addmm.out"](out.clone(), a, b, beta=1, alpha=2, out=out2)
+    implementations()["addmm.out"](out.clone(), a, b, beta=1, alpha=2, out=out2)
     assert_close(out2, reference(lambda s, x, y: s + 2 * x @ y, out, a, b),
                  reduce_size=max(k, 1) * 4)
     out3 = torch.empty(0, dtype=dtype, device=DEV)
-    MM.IMPLS["bmm.out"](a[None], b[None], out=out3)
+    implementations()["bmm.out"](a[None], b[None], out=out3)
     assert_close(out3, reference(torch.mm, a, b)[None], reduce_size=max(k, 1))
 
 
@@ -208,7 +209,7 @@ def test_linear_forward_and_backward_through_aten() -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
         for name in ("mm", "addmm"):  # torch.library names a default overload by the bare op
-            lib.impl(name, MM.IMPLS[f"{name}.default"], key)
+            lib.impl(name, implementations()[f"{name}.default"], key)
     try:
         y = layer(x)
         y.backward(torch.ones_like(y))
@@ -245,5 +246,5 @@ def test_out_dtype_mismatch_is_unsupported() -> None:
     """An out tensor of another dtype is torch's to reject; no output is touched first."""
     out = torch.zeros(2, 2, dtype=torch.float64, device=DEV)
     with pytest.raises(Unsupported):
-        MM.IMPLS["mm.out"](torch.ones(2, 2, device=DEV), torch.ones(2, 2, device=DEV), out=out)
+        implementations()["mm.out"](torch.ones(2, 2, device=DEV), torch.ones(2, 2, device=DEV), out=out)
     assert bool((out == 0).all())

@@ -11,7 +11,6 @@ row (M = 1) is a matrix-vector product and has its own kernel.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,13 +20,13 @@ from torch import Tensor
 
 import gemshal
 from gemshal.autotune import autotune
+from gemsops.declare import op
 from gemsops.errors import Unsupported
+from gemsops.ops.dtypes import FLOAT_DTYPES, check_supported, tl_acc
 from gemsops.ops.grid import cdiv
-from gemsops.ops.pointwise_types import check_fp64
 
-__all__ = ["IMPLS", "addmm", "bmm", "mm"]
+__all__ = ["addmm", "bmm", "mm"]
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @autotune("mm", key=["M", "N", "K"])
@@ -202,9 +201,9 @@ def _check(*tensors: Tensor) -> torch.dtype:
             raise Unsupported("operands on different devices")
         if t.dtype != dtype:
             raise Unsupported("operands of different dtypes")
-    if dtype not in _FLOATS:
+    if dtype not in FLOAT_DTYPES:
         raise Unsupported(f"matmul of {dtype}")
-    check_fp64(dtype)
+    check_supported(dtype)
     return dtype
 
 
@@ -244,13 +243,13 @@ def _consts(
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The constant keywords of the mv, mm and split-K reduce launches (cached: one dict
     per key, never changed, so the launcher recognises it)."""
-    interpreter = gemshal.current_vendor().is_cpu  # the cpu vendor runs the interpreter
+    interpreter = gemshal.current_device().interpreter
     key = (dtype, has_bias, precision, split, interpreter)
     try:
         return _CONSTS[key]
     except KeyError:
         pass
-    acc = tl.float64 if dtype == torch.float64 else tl.float32
+    acc = tl_acc(dtype)
     # The interpreter multiplies bf16 tiles as raw 16-bit integers; widen them first.
     upcast = interpreter and dtype == torch.bfloat16
     mv = {"HAS_BIAS": has_bias, "ACC": acc}
@@ -341,6 +340,7 @@ def _mm_shapes(a: Tensor, b: Tensor) -> tuple[int, int, int]:
     return a.shape[0], a.shape[1], b.shape[1]
 
 
+@op("mm.default", out="mm.out")
 def mm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
     """Matrix product of a [M, K] and a [K, N] matrix.
 
@@ -362,6 +362,7 @@ def mm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
     return out
 
 
+@op("bmm.default", out="bmm.out")
 def bmm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
     """Batched matrix product of [B, M, K] and [B, K, N] tensors.
 
@@ -387,6 +388,7 @@ def bmm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
     return out
 
 
+@op("addmm.default", out="addmm.out")
 def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: float = 1,
           out: Tensor | None = None) -> Tensor:
     """``beta * input + alpha * (mat1 @ mat2)`` in one kernel (the epilogue is fused).
@@ -418,39 +420,3 @@ def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: 
         _prepare_out(out, (M, N), dtype, input, mat1, mat2)
     _launch(mat1, mat2, out, bias if beta_f != 0 else None, alpha_f, beta_f)
     return out
-
-
-def _mm_out(self: Tensor, mat2: Tensor, *, out: Tensor) -> Tensor:
-    return mm(self, mat2, out=out)
-
-
-def _bmm_default(self: Tensor, mat2: Tensor) -> Tensor:
-    return bmm(self, mat2)
-
-
-def _bmm_out(self: Tensor, mat2: Tensor, *, out: Tensor) -> Tensor:
-    return bmm(self, mat2, out=out)
-
-
-def _mm_default(self: Tensor, mat2: Tensor) -> Tensor:
-    return mm(self, mat2)
-
-
-def _addmm_default(self: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1,
-                   alpha: Any = 1) -> Tensor:
-    return addmm(self, mat1, mat2, beta=beta, alpha=alpha)
-
-
-def _addmm_out(self: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Any = 1, alpha: Any = 1,
-               out: Tensor) -> Tensor:
-    return addmm(self, mat1, mat2, beta=beta, alpha=alpha, out=out)
-
-
-IMPLS: dict[str, Callable[..., Any]] = {
-    "mm.default": _mm_default,
-    "mm.out": _mm_out,
-    "bmm.default": _bmm_default,
-    "bmm.out": _bmm_out,
-    "addmm.default": _addmm_default,
-    "addmm.out": _addmm_out,
-}

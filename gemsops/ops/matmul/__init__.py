@@ -1,0 +1,1 @@
+"""Matrix products: mm, bmm, addmm (:mod:`gemsops.ops.matmul.mm`)."""
