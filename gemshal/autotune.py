@@ -43,6 +43,7 @@ from typing import Any
 
 from gemshal import launch as _launch
 from gemshal import tune as _tune
+from gemshal.detect import env_flag
 from gemshal.errors import ConfigError
 from gemshal.tune_format import LAUNCH_KEYS, OpTuning, TuneConfig
 from gemshal.tune_rules import HeuristicRule
@@ -58,12 +59,8 @@ AUTOTUNE_ENV = "GEMS_AUTOTUNE"
 
 
 def _tuning_enabled() -> bool:
-    raw = os.environ.get(AUTOTUNE_ENV, "").strip()
-    if raw in ("", "1"):
-        return True
-    if raw == "0":
-        return False
-    raise ConfigError(f"{AUTOTUNE_ENV} must be 0 (launch each op's first config) or 1; got {raw!r}")
+    return env_flag(os.environ, AUTOTUNE_ENV, default=True,
+                    meaning=" (0: launch each op's first config, 1: tune)")
 
 
 def _bucket(value: Any) -> Any:
@@ -91,12 +88,6 @@ def _stack(fn: Any) -> Iterator[Any]:
         if inspect.isfunction(fn):
             return
         fn = getattr(fn, "fn", None)
-
-
-def _interpreted(fn: Any) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return any(isinstance(layer, InterpretedFunction) for layer in _stack(fn))
 
 
 class _Kernel:
@@ -242,7 +233,7 @@ class AutotunedKernel(_Kernel):
             tuning = _tune.lookup(self.op, context=context)
             self._check(tuning)
             configs = tuning.configs
-            if context.interpreter or _interpreted(self.fn):
+            if context.interpreter:
                 # The interpreter runs each program in Python: one small config is
                 # plenty, and launch keywords mean nothing there.
                 pinned = tuning.pinned

@@ -55,18 +55,25 @@ class Detection:
         return self.stage == "fallback"
 
 
-def env_flag(env: Mapping[str, str], name: str) -> bool:
+def env_flag(env: Mapping[str, str], name: str, *, default: bool = False,
+             meaning: str = "") -> bool:
     """Read a 0/1 environment flag; any other value is an error, never ignored.
+
+    Args:
+        env: The environment to read.
+        name: The variable.
+        default: The value when the variable is unset or empty.
+        meaning: What 0 and 1 mean, for the error message (``" (0: ..., 1: ...)"``).
 
     Raises:
         ConfigError: the variable is set to something other than ``0``, ``1`` or empty.
     """
     raw = env.get(name, "").strip()
-    if raw in ("", "0"):
-        return False
-    if raw == "1":
-        return True
-    raise ConfigError(f"{name} must be 0 or 1 (or unset); got {raw!r}")
+    if raw == "":
+        return default
+    if raw in ("0", "1"):
+        return raw == "1"
+    raise ConfigError(f"{name} must be 0 or 1 (or unset){meaning}; got {raw!r}")
 
 
 def _ambiguous(stage: str, claims: Sequence[tuple[VendorInfo, Claim]]) -> AmbiguousDeviceError:

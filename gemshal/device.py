@@ -8,10 +8,12 @@ kernel module is imported, so kernels run on CPU tensors with no setting by hand
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import threading
 import warnings
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -34,6 +36,7 @@ __all__ = [
     "device_guard",
     "device_module",
     "get_device",
+    "installed",
     "select",
 ]
 
@@ -430,6 +433,24 @@ def device_of(device: torch.device | torch.Tensor | int | str) -> Device:
     if index is None:
         return current_device()
     return state.devices.get(index) or get_device(index)
+
+
+@contextlib.contextmanager
+def installed(detection: Detection, module: Any | None = None) -> Iterator[None]:
+    """Make ``detection`` current for the ``with`` block, then restore the resolution and
+    explicit choice there were before (for test harnesses such as
+    :func:`gemshal.testing.fake_vendor`).
+
+    Raises:
+        DeviceNotFoundError: as :func:`select` does; nothing changes then.
+    """
+    global _STATE, _EXPLICIT
+    saved = _STATE, _EXPLICIT
+    try:
+        _install(detection, module)
+        yield
+    finally:
+        _STATE, _EXPLICIT = saved
 
 
 def _reset() -> None:

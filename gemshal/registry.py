@@ -12,8 +12,10 @@ that error. Whatever a plugin raises while it loads (``SystemExit`` included; on
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import threading
+from collections.abc import Iterator
 
 import attrs
 
@@ -25,6 +27,7 @@ __all__ = [
     "PluginFailure",
     "plugin_failures",
     "register_vendor",
+    "registered",
     "vendor",
     "vendor_names",
     "vendors",
@@ -142,6 +145,28 @@ def register_vendor(info: VendorInfo, *, source: str = "register_vendor()") -> V
     with _LOCK:
         _add(info, source)
     return info
+
+
+@contextlib.contextmanager
+def registered(info: VendorInfo, *, source: str) -> Iterator[VendorInfo]:
+    """Register ``info`` for the ``with`` block unless a vendor of its name exists; on exit
+    remove it again if it was added here (for test harnesses).
+
+    Yields:
+        The vendor registered under ``info.name`` (the earlier one if there was one).
+    """
+    _ensure_loaded()
+    with _LOCK:
+        added = info.name not in _STATE.vendors
+        if added:
+            _add(info, source)
+    try:
+        yield _STATE.vendors[info.name]
+    finally:
+        if added:
+            with _LOCK:
+                _STATE.vendors.pop(info.name, None)
+                _STATE.sources.pop(info.name, None)
 
 
 def vendor(name: str) -> VendorInfo:

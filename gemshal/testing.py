@@ -81,17 +81,8 @@ def fake_vendor(
         triton_backends=(name,),
     )
     module = FakeDeviceModule(count=count)
-    saved_state, saved_explicit = _device._STATE, _device._EXPLICIT
-    added = name not in _registry.vendor_names()
-    try:
-        if added:
-            _registry.register_vendor(info, source="gemshal.testing.fake_vendor")
+    with _registry.registered(info, source="gemshal.testing.fake_vendor") as chosen:
         step = TraceStep("explicit", "chosen", "gemshal.testing.fake_vendor", name)
-        # Installing can raise (a vendor with no devices): the finally undoes the rest.
-        _device._install(Detection(_registry.vendor(name), "explicit", (step,)), module)
-        yield module
-    finally:
-        _device._STATE, _device._EXPLICIT = saved_state, saved_explicit
-        if added:  # leave a vendor that was registered before untouched
-            _registry._STATE.vendors.pop(name, None)
-            _registry._STATE.sources.pop(name, None)
+        # Installing can raise (a vendor with no devices): both blocks undo what they did.
+        with _device.installed(Detection(chosen, "explicit", (step,)), module):
+            yield module
