@@ -8,7 +8,9 @@ the Triton interpreter without any setting by hand.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import pkgutil
 from typing import Any
 
 from gemsops import declare as _declare
@@ -127,6 +129,11 @@ _BASE_ALL = (
 )
 
 
+@functools.cache
+def _submodules() -> frozenset[str]:
+    return frozenset(info.name for info in pkgutil.iter_modules(__path__))
+
+
 def _public_ops() -> dict[str, Any]:
     """Declared public op functions by name; imports the op modules on first call."""
     import gemshal
@@ -144,7 +151,9 @@ def __getattr__(name: str) -> Any:
     # must not load (that resolves the device).
     if name == "__all__":
         return sorted({*_BASE_ALL, *_public_ops()})
-    if name.startswith("_"):
+    if name.startswith("_") or name in _submodules():
+        # A submodule not imported yet (``from gemsops import bench``): the import
+        # system imports it when this lookup fails; no op module is loaded for it.
         raise AttributeError(f"module 'gemsops' has no attribute {name!r}")
     value = _public_ops().get(name)
     if value is None:

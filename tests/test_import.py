@@ -21,6 +21,7 @@ PROBE = textwrap.dedent(
     import gemshal, gemsops
     from gemshal import device, registry
     from gemsops import registry as ops_registry
+    from gemsops import bench, cli, selftest  # submodules: no op module for them
     print(json.dumps({
         "events": events,
         "resolved": device._STATE is not None,
@@ -34,7 +35,8 @@ PROBE = textwrap.dedent(
 
 def test_import_detects_nothing() -> None:
     """A fresh interpreter importing both packages runs no subprocess, reads no tune file,
-    resolves no device, loads no plugin and imports no kernel module."""
+    resolves no device, loads no plugin and imports no kernel module, also when gemsops
+    submodules are imported by name (``from gemsops import bench``)."""
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
     done = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, env=env
