@@ -42,6 +42,8 @@ __all__ = [
     "implementations",
     "in_gemsops",
     "known_ops",
+    "override",
+    "overrides",
     "record",
     "registered_ops",
     "resolve_names",
@@ -53,14 +55,9 @@ __all__ = [
 
 OP_MODULES: tuple[str, ...] = (
     "gemsops.ops.pointwise",
-    "gemsops.ops.fill",
     "gemsops.ops.reduce",
     "gemsops.ops.softmax",
     "gemsops.ops.norm",
-    "gemsops.ops.embedding",
-    "gemsops.ops.loss",
-    "gemsops.ops.copy",
-    "gemsops.ops.cross_entropy",
 )
 """Modules still carrying a hand-written ``IMPLS`` table (read after the declarations)."""
 
@@ -93,6 +90,9 @@ def implementations() -> dict[str, Callable[..., Any]]:
                 tables = (getattr(module, "IMPLS", {}), getattr(module, "AUTOGRAD_IMPLS", {}))
                 for at_autograd, impls in enumerate(tables):
                     for overload, fn in impls.items():
+                        held = _SOURCES.get(overload)
+                        if held is not None and held.vendor is not None:
+                            continue  # a vendor's override wins over the portable table
                         if overload in table:
                             raise RuntimeError(f"{overload} is implemented twice ({name})")
                         table[overload] = fn
@@ -114,6 +114,19 @@ def source(overload: str) -> str:
     if decl.vendor is not None:
         where += f" [{decl.vendor}{'/' + decl.arch if decl.arch else ''}]"
     return where
+
+
+def override(overload: str) -> str | None:
+    """The vendor override serving ``overload`` here (as :func:`source` names it), or None
+    when the portable implementation serves it."""
+    implementations()
+    decl = _SOURCES.get(overload)
+    return None if decl is None or decl.vendor is None else source(overload)
+
+
+def overrides() -> dict[str, str]:
+    """Every overload a vendor override serves on this vendor, with its source, sorted."""
+    return {o: where for o in sorted(implementations()) if (where := override(o)) is not None}
 
 
 def base_name(overload: str) -> str:
@@ -153,10 +166,31 @@ def resolve_names(names: Iterable[str] | str) -> frozenset[str]:
 
 @attrs.define
 class CallRecord:
-    """Per aten overload: calls served by gemsops, and calls handed to torch with the reason."""
+    """Per aten overload: calls served by gemsops, and calls handed to torch with the reason.
+
+    Attributes:
+        served: Calls served by gemsops, by overload.
+        fallbacks: Calls handed to torch, by (overload, reason).
+        overrides: Overload -> the vendor override that served its calls
+            (``"plugin.module.fn [vendor]"``), for the served overloads a vendor's own
+            implementation serves instead of the portable one; their counts are in
+            ``served``.
+    """
 
     served: Counter[str] = attrs.field(factory=Counter)
     fallbacks: Counter[tuple[str, str]] = attrs.field(factory=Counter)
+    overrides: dict[str, str] = attrs.field(factory=dict)
+
+    def summary(self) -> str:
+        """The record as text: one line per overload served (naming the vendor override
+        that served it, if one did) and per (overload, reason) handed back."""
+        lines = []
+        for op, count in sorted(self.served.items()):
+            by = f"  by vendor override {self.overrides[op]}" if op in self.overrides else ""
+            lines.append(f"{op}: {count} served{by}")
+        for (op, reason), count in sorted(self.fallbacks.items()):
+            lines.append(f"{op}: {count} handed back to torch ({reason})")
+        return "\n".join(lines) or "no calls"
 
     def fallback_ops(self) -> dict[str, list[str]]:
         """Overload -> the distinct reasons it was handed back to torch."""
@@ -357,6 +391,7 @@ def _reason(error: Exception) -> str:
 
 def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[..., Any]:
     inside = _INSIDE
+    by_override = override(overload)
     call_torch = original.call_boxed
     params: list[tuple[tuple[int, ...], tuple[str, ...], frozenset[str]]] = []
 
@@ -404,6 +439,8 @@ def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[...,
             inside.depth = 0
         for rec in _RECORDS:
             rec.served[overload] += 1
+            if by_override is not None:
+                rec.overrides[overload] = by_override
         return out
 
     kernel.__name__ = f"gemsops_{overload.replace('.', '_')}"

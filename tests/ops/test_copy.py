@@ -1,4 +1,4 @@
-"""Property tests of clone and cat (gemsops.ops.copy).
+"""Property tests of clone and cat (gemsops.ops.memory.copy).
 
 Both are exact copies, so the reference is torch's own op on the same inputs, compared
 bit for bit (nan included), together with the result's dtype, shape and strides: a
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import gemsops
 from gemsops.errors import Unsupported
-from gemsops.ops import copy
+from gemsops.ops.memory import copy
 from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, shapes, target_device, tensors
 
 DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, torch.float64, torch.int8, torch.uint8, torch.int16,

@@ -14,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gemshal
+from gemsops import registry
 from gemsops.errors import Unsupported
-from gemsops.ops import embedding as E
+from gemsops.ops.memory import embedding as E
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, tensors
 from gemsops.testing.tolerance import assert_close
@@ -49,7 +50,7 @@ def test_embedding_matches_torch(data: st.DataObject, num: int, dim: int,
     expected = F.embedding(idx, weight)
     assert out.shape == expected.shape and out.dtype == weight.dtype
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
-    assert torch.equal(E.IMPLS["embedding.default"](weight, idx), expected)
+    assert torch.equal(registry.implementations()["embedding.default"](weight, idx), expected)
 
 
 @given(data=st.data(), num=st.integers(1, 40), dim=st.sampled_from([1, 3, 64, 70, 130]),

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import gemshal
 from gemsops.errors import Unsupported
-from gemsops.ops import cross_entropy as CE
-from gemsops.ops import loss as L
+from gemsops.ops.loss import cross_entropy as CE
+from gemsops.ops.loss import nll as L
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import FLOAT_DTYPES, tensors
 from gemsops.testing.tolerance import assert_close

@@ -7,10 +7,11 @@ Per-row losses are reduced by one program in a fixed order (deterministic).
 
 ``F.cross_entropy`` calls ``aten::cross_entropy_loss``, a composite that torch
 decomposes (``_log_softmax`` + ``nll_loss``, plus pointwise ops for label smoothing)
-before any backend key sees it; so gemsops registers it at the vendor's autograd key
-(``AUTOGRAD_IMPLS``), where :func:`cross_entropy` runs with its own backward and torch's
-composite stays the fallback. It lives beside :mod:`gemsops.ops.loss`, whose target
-handling and reduction kernel it shares.
+before any backend key sees it; so gemsops serves it at the vendor's autograd key
+(declared with ``autograd=True``), where :func:`cross_entropy` runs with its own backward
+and torch's composite stays the fallback. It shares the target handling
+(:mod:`~gemsops.ops.loss.inputs`) and the reduction kernel
+(:mod:`~gemsops.ops.loss.reduction`) with :mod:`~gemsops.ops.loss.nll`.
 """
 
 from __future__ import annotations
@@ -25,21 +26,21 @@ from torch.autograd.function import once_differentiable
 
 import gemshal
 from gemshal.autotune import autotune
+from gemsops.declare import op
 from gemsops.errors import Unsupported
+from gemsops.ops.dtypes import acc_dtype, tl_acc
 from gemsops.ops.grid import cdiv
-from gemsops.ops.loss import (
-    _acc,
-    _check_input,
-    _class_targets,
-    _reduce,
-    _reduction,
-    _rows_of,
-    _target,
-    _weight,
+from gemsops.ops.loss.inputs import (
+    check_input,
+    class_targets,
+    class_weight,
+    load_target,
+    rows_of,
 )
+from gemsops.ops.loss.reduction import reduce_rows, reduction_code
 from gemsops.registry import running
 
-__all__ = ["AUTOGRAD_IMPLS", "IMPLS", "cross_entropy"]
+__all__ = ["cross_entropy"]
 
 
 @triton.jit
@@ -105,7 +106,7 @@ def _ce_fwd_kernel(
         roww = tl.full((BLOCK_M,), 1.0, ACC)
         mass = SW
     else:
-        t, valid, w = _target(T, rows, row_ok, stride_tn, W, C, ignore_index, HAS_W, ACC)
+        t, valid, w = load_target(T, rows, row_ok, stride_tn, W, C, ignore_index, HAS_W, ACC)
         x_t = tl.load(X + rows.to(tl.int64) * stride_xn + t * stride_xc, mask=valid,
                       other=0.0).to(ACC)
         loss = (1.0 - smoothing) * w * (lse - x_t)
@@ -143,7 +144,7 @@ def _ce_bwd_kernel(
     if PROB:
         live = row_ok
     else:
-        t, live, w = _target(T, rows, row_ok, stride_tn, W, C, ignore_index, HAS_W, ACC)
+        t, live, w = load_target(T, rows, row_ok, stride_tn, W, C, ignore_index, HAS_W, ACC)
     g = g[:, None]
     for k in range(0, C, BLOCK_C):
         c = k + tl.arange(0, BLOCK_C)
@@ -178,7 +179,7 @@ def _consts(prob: bool, smooth: bool, has_w: bool, mean: bool | None, dtype: tor
     consts = {"PROB": prob, "SMOOTH": smooth, "HAS_W": has_w}
     if mean is not None:
         consts["MEAN"] = mean
-    consts["ACC"] = _acc(dtype)[0]
+    consts["ACC"] = tl_acc(dtype)
     _CONSTS[key] = consts
     return consts
 
@@ -186,20 +187,20 @@ def _consts(prob: bool, smooth: bool, has_w: bool, mean: bool | None, dtype: tor
 def _ce_prepare(input: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
                 label_smoothing: float) -> tuple[Tensor, Tensor, Tensor | None, bool]:
     """Logits as [R, C], targets as [R] classes or [R, C] probabilities, the weight, PROB."""
-    _check_input(input, target, weight)
+    check_input(input, target, weight)
     if not 0.0 <= label_smoothing <= 1.0:
         raise Unsupported("label_smoothing outside [0, 1]")
-    x2, R, C = _rows_of(input)
+    x2, R, C = rows_of(input)
     prob = target.dtype.is_floating_point
     if prob:
         if target.shape != input.shape or target.dtype != input.dtype:
             raise Unsupported("probability targets must match the input's shape and dtype")
-        t2 = _rows_of(target)[0]
+        t2 = rows_of(target)[0]
     else:
         if target.dim() != input.dim() - 1:
             raise Unsupported("class targets must have the input's shape without the class dim")
-        t2 = _class_targets(target, R, C, ignore_index)
-    return x2, t2, _weight(weight, input, C), prob
+        t2 = class_targets(target, R, C, ignore_index)
+    return x2, t2, class_weight(weight, input, C), prob
 
 
 def _ce_forward(x2: Tensor, t2: Tensor, w: Tensor | None, prob: bool, red: int,
@@ -207,7 +208,7 @@ def _ce_forward(x2: Tensor, t2: Tensor, w: Tensor | None, prob: bool, red: int,
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss [R] or 0-d, per-row logsumexp, per-row target mass, mean divisor)."""
     R, C = x2.shape
-    acc_tl, acc_t = _acc(x2.dtype)
+    acc_tl, acc_t = tl_acc(x2.dtype), acc_dtype(x2.dtype)
     dev = x2.device
     lse = torch.empty(R, dtype=acc_t, device=dev)
     mass = torch.empty(R, dtype=acc_t, device=dev)
@@ -226,7 +227,7 @@ def _ce_forward(x2: Tensor, t2: Tensor, w: Tensor | None, prob: bool, red: int,
         if red == 0:
             return loss, lse, mass, denom
         out = torch.empty((), dtype=out_dtype, device=dev)
-        _reduce(loss, roww, out, denom, R, red == 1, prob, acc_tl)
+        reduce_rows(loss, roww, out, denom, R, red == 1, prob, acc_tl)
     return out, lse, mass, denom
 
 
@@ -275,6 +276,7 @@ def _loss_shape(shape: torch.Size) -> tuple[int, ...]:
     return () if len(shape) == 1 else (shape[0], *shape[2:])
 
 
+@op()
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
                   ignore_index: int = -100, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
@@ -298,7 +300,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
         IndexError: a target out of range (checked on the CPU).
         Unsupported: inputs these kernels do not take.
     """
-    red = _reduction(reduction)
+    red = reduction_code(reduction)
     x2, t2, w, prob = _ce_prepare(input, target, weight, int(ignore_index), float(label_smoothing))
     args = (x2, t2, w, prob, red, int(ignore_index), float(label_smoothing))
     if torch.is_grad_enabled() and input.requires_grad:
@@ -307,6 +309,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     return out.view(_loss_shape(input.shape)) if red == 0 else out
 
 
+@op("cross_entropy_loss.default", autograd=True, public=False)
 def _cross_entropy_loss(self: Tensor, target: Tensor, weight: Tensor | None = None,
                         reduction: int = 1, ignore_index: int = -100,
                         label_smoothing: float = 0.0) -> Tensor:
@@ -320,9 +323,3 @@ def _cross_entropy_loss(self: Tensor, target: Tensor, weight: Tensor | None = No
 
 
 _REDUCTION_NAMES = {0: "none", 1: "mean", 2: "sum"}
-
-# A composite in torch: nothing to register at a backend key.
-IMPLS: dict[str, Any] = {}
-AUTOGRAD_IMPLS: dict[str, Any] = {"cross_entropy_loss.default": _cross_entropy_loss}
-"""Overloads served at the vendor's autograd key (``AutogradCUDA``...): composites in
-torch whose fused gemsops kernels bring their own backward."""

@@ -4,12 +4,12 @@
 the mean and sum reductions, one program sums the per-row terms and weights in a fixed
 order (deterministic, no atomics); ``nll_loss_backward`` writes each gradient row whole
 (zeros and the target's term), so nothing needs zeroing first. The target handling and
-the reduction kernel are shared with the fused :mod:`gemsops.ops.cross_entropy`.
+the reduction kernel (:mod:`~gemsops.ops.loss.inputs`, :mod:`~gemsops.ops.loss.reduction`)
+are shared with the fused :mod:`~gemsops.ops.loss.cross_entropy`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,32 +19,20 @@ from torch import Tensor
 
 import gemshal
 from gemshal.autotune import autotune
+from gemsops.declare import op
 from gemsops.errors import Unsupported
+from gemsops.ops.dtypes import acc_dtype, tl_acc
 from gemsops.ops.grid import cdiv
-from gemsops.ops.pointwise_types import check_fp64
+from gemsops.ops.loss.inputs import (
+    check_input,
+    class_targets,
+    class_weight,
+    load_target,
+    rows_of,
+)
+from gemsops.ops.loss.reduction import reduce_rows, reduction_code
 
-__all__ = ["IMPLS", "nll_loss", "nll_loss_backward", "nll_loss_forward"]
-
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_TARGETS = (torch.int64, torch.uint8)
-_REDUCTIONS = {"none": 0, "mean": 1, "sum": 2}
-
-
-@triton.jit
-def _target(T, rows, row_ok, stride_t, W, C, ignore_index, HAS_W: tl.constexpr,
-            ACC: tl.constexpr):
-    # Class targets of a block of rows: (target clamped into range, valid, weight of target).
-    # Ignored rows (and rows past N) get weight 0; out-of-range targets assert in debug.
-    t = tl.load(T + rows.to(tl.int64) * stride_t, mask=row_ok, other=0).to(tl.int64)
-    valid = row_ok & (t != ignore_index)
-    tl.device_assert(~valid | ((t >= 0) & (t < C)), "target out of bounds")
-    valid = valid & (t >= 0) & (t < C)
-    t = tl.where(valid, t, 0)
-    if HAS_W:
-        w = tl.load(W + t, mask=valid, other=0.0).to(ACC)
-    else:
-        w = tl.where(valid, 1.0, 0.0).to(ACC)
-    return t, valid, w
+__all__ = ["nll_loss", "nll_loss_backward", "nll_loss_forward"]
 
 
 @autotune("nll_loss", key=["N"])
@@ -58,32 +46,10 @@ def _nll_rows_kernel(X, T, W, Loss, RowW, TotalW, N, C, stride_xn, stride_xc, st
         tl.store(TotalW, 0.0, mask=tl.program_id(0) == 0)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
-    t, valid, w = _target(T, rows, row_ok, stride_t, W, C, ignore_index, HAS_W, ACC)
+    t, valid, w = load_target(T, rows, row_ok, stride_t, W, C, ignore_index, HAS_W, ACC)
     x = tl.load(X + rows.to(tl.int64) * stride_xn + t * stride_xc, mask=valid, other=0.0).to(ACC)
     tl.store(Loss + rows, tl.where(valid, -w * x, 0.0).to(Loss.dtype.element_ty), mask=row_ok)
     tl.store(RowW + rows, w.to(RowW.dtype.element_ty), mask=row_ok)
-
-
-@autotune("loss_reduce", key=["N"])
-@triton.jit
-def _reduce_kernel(Loss, RowW, Out, Denom, N, MEAN: tl.constexpr, PER_ROW: tl.constexpr,
-                   ACC: tl.constexpr, BLOCK: tl.constexpr):
-    # One program: Out = sum(Loss) (/ sum(RowW), or / N when PER_ROW); Denom = the divisor.
-    # All rows ignored gives 0 / 0 = nan for the mean, as in torch.
-    acc = tl.zeros((BLOCK,), ACC)
-    wsum = tl.zeros((BLOCK,), ACC)
-    for i in range(0, N, BLOCK):
-        offs = i + tl.arange(0, BLOCK)
-        acc += tl.load(Loss + offs, mask=offs < N, other=0.0).to(ACC)
-        wsum += tl.load(RowW + offs, mask=offs < N, other=0.0).to(ACC)
-    total = tl.sum(acc, 0)
-    denom = tl.sum(wsum, 0)
-    if PER_ROW:
-        denom = N * 1.0
-    if MEAN:
-        total = total / denom
-    tl.store(Out, total.to(Out.dtype.element_ty))
-    tl.store(Denom, denom.to(Denom.dtype.element_ty))
 
 
 @autotune("nll_loss_backward", key=["C"])
@@ -95,7 +61,7 @@ def _nll_bwd_kernel(G, T, W, TotalW, GI, N, C, stride_g, stride_t, ignore_index,
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     row_ok = rows < N
-    t, valid, w = _target(T, rows, row_ok, stride_t, W, C, ignore_index, HAS_W, ACC)
+    t, valid, w = load_target(T, rows, row_ok, stride_t, W, C, ignore_index, HAS_W, ACC)
     g = tl.load(G + rows * stride_g, mask=row_ok, other=0.0).to(ACC)
     if MEAN:
         g = g / tl.load(TotalW).to(ACC)
@@ -105,73 +71,7 @@ def _nll_bwd_kernel(G, T, W, TotalW, GI, N, C, stride_g, stride_t, ignore_index,
              mask=row_ok[:, None] & (cols < C)[None, :])
 
 
-def _acc(dtype: torch.dtype) -> tuple[Any, torch.dtype]:
-    return (tl.float64, torch.float64) if dtype == torch.float64 else (tl.float32, torch.float32)
-
-
-def _check_input(x: Tensor, *others: Tensor | None) -> None:
-    if x.layout != torch.strided or x.dtype not in _FLOATS:
-        raise Unsupported(f"loss of a {x.layout} {x.dtype} input")
-    check_fp64(x.dtype)
-    for t in others:
-        if t is not None and (t.device != x.device or t.layout != torch.strided):
-            raise Unsupported("loss arguments on different devices or layouts")
-
-
-def _weight(weight: Tensor | None, x: Tensor, C: int) -> Tensor | None:
-    if weight is None:
-        return None
-    if weight.dtype != x.dtype or weight.numel() != C or weight.dim() != 1:
-        raise Unsupported("class weight must be a [C] tensor of the input's dtype")
-    return weight.contiguous()
-
-
-def _class_targets(target: Tensor, R: int, C: int, ignore_index: int) -> Tensor:
-    """Class targets as a flat [R] tensor, range-checked on the CPU (IndexError, as torch)."""
-    if target.dtype not in _TARGETS:
-        raise Unsupported(f"class targets of dtype {target.dtype}")
-    flat = target if target.dim() == 1 else target.reshape(-1)
-    if flat.numel() != R:
-        raise Unsupported("target does not match the input's batch shape")
-    if target.is_cpu and R:
-        arr = flat.detach().numpy()
-        bad = arr[(arr != ignore_index) & ((arr < 0) | (arr >= C))]
-        if bad.size:
-            raise IndexError(f"Target {int(bad[0])} is out of bounds.")
-    return flat
-
-
-def _rows_of(x: Tensor) -> tuple[Tensor, int, int]:
-    """Logits as [R, C] (class dim last; strided view where possible), R and C."""
-    if x.dim() == 0:
-        raise Unsupported("a 0-d input has no class dim")
-    if x.dim() == 1:
-        return x.unsqueeze(0), 1, x.shape[0]
-    C = x.shape[1]
-    x2 = x if x.dim() == 2 else x.movedim(1, -1).reshape(-1, C)
-    return x2, x2.shape[0], C
-
-
-def _reduction(reduction: int | str) -> int:
-    code = _REDUCTIONS.get(reduction, -1) if isinstance(reduction, str) else int(reduction)
-    if code not in (0, 1, 2):
-        raise Unsupported(f"reduction {reduction!r}")
-    return code
-
-
-_REDUCE_CONSTS: dict[tuple[bool, bool, Any], dict[str, Any]] = {}
-
-
-def _reduce(loss: Tensor, roww: Tensor, out: Tensor, denom: Tensor, R: int, mean: bool,
-            per_row: bool, acc: Any) -> None:
-    key = (mean, per_row, acc)
-    consts = _REDUCE_CONSTS.get(key)
-    if consts is None:
-        # One dict per key, never changed.
-        consts = _REDUCE_CONSTS[key] = {"MEAN": mean, "PER_ROW": per_row, "ACC": acc}
-    _reduce_kernel.launch((1,), (loss, roww, out, denom, R), consts)
-
-
+@op("nll_loss_forward.default")
 def nll_loss_forward(self: Tensor, target: Tensor, weight: Tensor | None, reduction: int,
                      ignore_index: int) -> tuple[Tensor, Tensor]:
     """aten's ``nll_loss_forward``: ``-w[t] * self[i, t]`` per row, reduced.
@@ -190,14 +90,14 @@ def nll_loss_forward(self: Tensor, target: Tensor, weight: Tensor | None, reduct
         IndexError: a target out of range (checked on the CPU).
         Unsupported: inputs this kernel does not take.
     """
-    _check_input(self, target, weight)
-    red = _reduction(reduction)
+    check_input(self, target, weight)
+    red = reduction_code(reduction)
     if self.dim() not in (1, 2) or target.dim() != self.dim() - 1:
         raise Unsupported("nll_loss_forward takes a [N, C] or [C] input")
-    x2, R, C = _rows_of(self)
-    t = _class_targets(target, R, C, int(ignore_index))
-    w = _weight(weight, self, C)
-    acc_tl, acc_t = _acc(self.dtype)
+    x2, R, C = rows_of(self)
+    t = class_targets(target, R, C, int(ignore_index))
+    w = class_weight(weight, self, C)
+    acc_tl, acc_t = tl_acc(self.dtype), acc_dtype(self.dtype)
     dev = self.device
     total = torch.empty((), dtype=self.dtype, device=dev)
     roww = torch.empty(R, dtype=acc_t, device=dev)
@@ -212,10 +112,11 @@ def nll_loss_forward(self: Tensor, target: Tensor, weight: Tensor | None, reduct
             return loss, total
         # A [C] input reduces even with reduction none (torch: one term, total = its weight).
         out = torch.empty((), dtype=self.dtype, device=dev)
-        _reduce(loss, roww, out, total, R, red == 1, False, acc_tl)
+        reduce_rows(loss, roww, out, total, R, red == 1, False, acc_tl)
     return out, total
 
 
+@op("nll_loss_backward.default")
 def nll_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight: Tensor | None,
                       reduction: int, ignore_index: int, total_weight: Tensor) -> Tensor:
     """aten's ``nll_loss_backward``: ``-w[t] * grad`` at each row's target, zeros elsewhere.
@@ -224,13 +125,13 @@ def nll_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight:
         IndexError: a target out of range (checked on the CPU).
         Unsupported: inputs this kernel does not take.
     """
-    _check_input(self, target, weight, grad_output, total_weight)
-    red = _reduction(reduction)
+    check_input(self, target, weight, grad_output, total_weight)
+    red = reduction_code(reduction)
     if self.dim() not in (1, 2) or target.dim() != self.dim() - 1:
         raise Unsupported("nll_loss_backward takes a [N, C] or [C] input")
-    _, R, C = _rows_of(self)
-    t = _class_targets(target, R, C, int(ignore_index))
-    w = _weight(weight, self, C)
+    _, R, C = rows_of(self)
+    t = class_targets(target, R, C, int(ignore_index))
+    w = class_weight(weight, self, C)
     if red == 0 and grad_output.numel() != R:
         raise Unsupported("grad_output does not match the unreduced loss")
     stride_g = grad_output.reshape(-1).stride(0) if red == 0 and grad_output.dim() else 0
@@ -242,7 +143,7 @@ def nll_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight:
                                           cdiv(C, meta["BLOCK_C"]))](
                 g, t, w if w is not None else gi, total_weight, gi, R, C, stride_g,
                 t.stride(0), int(ignore_index), MEAN=red == 1, HAS_W=w is not None,
-                ACC=_acc(self.dtype)[0])
+                ACC=tl_acc(self.dtype))
     return gi
 
 
@@ -263,6 +164,7 @@ class _NLLLoss(torch.autograd.Function):
         return gi, None, None, None, None
 
 
+@op()
 def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
              ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """``torch.nn.functional.nll_loss`` for [N, C] or [C] log-probabilities, differentiable.
@@ -271,14 +173,9 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
         IndexError: a target out of range (checked on the CPU).
         Unsupported: inputs these kernels do not take.
     """
-    red = _reduction(reduction)
+    red = reduction_code(reduction)
     if torch.is_grad_enabled() and input.requires_grad:
         return _NLLLoss.apply(input, target, weight, red,
                               int(ignore_index))
     return nll_loss_forward(input, target, weight, red, int(ignore_index))[0]
 
-
-IMPLS: dict[str, Callable[..., Any]] = {
-    "nll_loss_forward.default": nll_loss_forward,
-    "nll_loss_backward.default": nll_loss_backward,
-}

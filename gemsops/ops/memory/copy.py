@@ -1,8 +1,8 @@
 """Copies: ``clone`` and ``cat``, on the pointwise generator's identity op.
 
 Both are memory copies, so neither has a kernel of its own: each is the pointwise
-``COPY`` op (:data:`gemsops.ops.pointwise_arith.COPY`, the identity element function)
-run by :func:`gemsops.ops.pointwise_iterator.run` into a strided output. That gives
+``COPY`` op (:data:`gemsops.ops.pointwise.arith.COPY`, the identity element function)
+run by :func:`gemsops.ops.pointwise.iterator.run` into a strided output. That gives
 the flat kernel (one vectorised sweep) where input and output share a dense layout,
 the strided kernel otherwise, and torch's dtype conversions for free.
 
@@ -22,20 +22,20 @@ dtypes, non-strided layouts, mixed devices, channels-last ``clone``), is refused
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 from torch._prims_common import suggest_memory_format
 
+from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops.pointwise_arith import COPY
-from gemsops.ops.pointwise_codegen import TL_DTYPES
-from gemsops.ops.pointwise_iterator import run
-from gemsops.ops.pointwise_types import check_fp64, device_type
+from gemsops.ops.dtypes import TL_DTYPES, check_supported
+from gemsops.ops.pointwise.arith import COPY
+from gemsops.ops.pointwise.iterator import run
+from gemsops.ops.pointwise.types import device_type
 
-__all__ = ["IMPLS", "cat", "clone"]
+__all__ = ["cat", "clone"]
 
 # The formats the copy keeps exactly as torch allocates them; channels-last clones are
 # left to torch (a real model's backward never asks for one).
@@ -48,13 +48,14 @@ def _check_input(t: Tensor, what: str) -> None:
         raise Unsupported(f"{what}: layout {t.layout}")
     if t.dtype not in TL_DTYPES:
         raise Unsupported(f"{what}: dtype {t.dtype}")
-    check_fp64(t.dtype)
+    check_supported(t.dtype)
     if t.is_neg() or t.is_conj():
         raise Unsupported(f"{what}: a lazily negated or conjugated view")
     if t.device.type != device_type():
         raise Unsupported(f"{what} on {t.device}; the kernels run on {device_type()}")
 
 
+@op("clone.default")
 def clone(x: Tensor, *, memory_format: torch.memory_format | None = None) -> Tensor:
     """A copy of ``x`` in new memory, laid out as ``torch.clone`` lays it out.
 
@@ -99,6 +100,7 @@ def _output_format(tensors: Sequence[Tensor]) -> torch.memory_format:
     return found
 
 
+@op("cat.default")
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along ``dim``, as ``torch.cat``.
 
@@ -127,7 +129,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
             raise Unsupported(f"tensors on {device} and {t.device}")
         _check_input(t, "cat")
     dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
-    check_fp64(dtype)
+    check_supported(dtype)
     parts = [t for t in tensors if not _skipped(t)]
     fmt = _output_format(tensors)
     if not parts:
@@ -154,16 +156,3 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         offset += size
     return out
 
-
-def _clone(self: Tensor, *, memory_format: torch.memory_format | None = None) -> Tensor:
-    return clone(self, memory_format=memory_format)
-
-
-def _cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
-    return cat(tensors, dim)
-
-
-IMPLS: dict[str, Callable[..., Any]] = {
-    "clone.default": _clone,
-    "cat.default": _cat,
-}

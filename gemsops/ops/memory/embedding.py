@@ -14,7 +14,6 @@ CPU, where checking costs no device sync, the host raises ``IndexError`` as torc
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,16 +23,15 @@ from torch import Tensor
 
 import gemshal
 from gemshal.autotune import autotune
+from gemsops.declare import op
 from gemsops.errors import Unsupported
+from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, acc_dtype, check_supported
 from gemsops.ops.grid import cdiv
-from gemsops.ops.pointwise_types import check_fp64
 
-__all__ = ["IMPLS", "embedding", "embedding_dense_backward"]
+__all__ = ["embedding", "embedding_dense_backward"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
-_VALUE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                 torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
-_GRAD_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TABLE_DTYPES = FLOAT_DTYPES + INT_DTYPES  # the real dtypes a lookup copies
 
 
 @autotune("embedding", key=["D"])
@@ -139,14 +137,16 @@ def _check_indices(indices: Tensor, num: int) -> Tensor:
     return flat
 
 
+@op("embedding.default", public=False)
 def _lookup(weight: Tensor, indices: Tensor, padding_idx: int = -1,
             scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
-    # aten::embedding's kernel (autograd is torch's business at the backend key).
-    if weight.dim() != 2 or weight.layout != torch.strided or weight.dtype not in _VALUE_DTYPES:
+    # aten::embedding's kernel (autograd is torch's business at the backend key, so the
+    # overload is served by this lookup; the public embedding() adds its own backward).
+    if weight.dim() != 2 or weight.layout != torch.strided or weight.dtype not in _TABLE_DTYPES:
         raise Unsupported("embedding table must be a 2-D strided tensor of a real dtype")
     if weight.device != indices.device:
         raise Unsupported("table and indices on different devices")
-    check_fp64(weight.dtype)
+    check_supported(weight.dtype)
     V, D = weight.shape
     flat = _check_indices(indices, V)
     n = flat.numel()
@@ -165,6 +165,7 @@ def _lookup(weight: Tensor, indices: Tensor, padding_idx: int = -1,
 _NO_CONSTS: dict[str, Any] = {}  # shared, never changed
 
 
+@op()
 def embedding(weight: Tensor, indices: Tensor, padding_idx: int = -1,
               scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
     """Look up rows of ``weight``: ``out[..., :] = weight[indices[...], :]``.
@@ -191,6 +192,7 @@ def embedding(weight: Tensor, indices: Tensor, padding_idx: int = -1,
     return _lookup(weight, indices, padding_idx, scale_grad_by_freq, sparse)
 
 
+@op("embedding_dense_backward.default")
 def embedding_dense_backward(grad_output: Tensor, indices: Tensor, num_weights: int,
                              padding_idx: int, scale_grad_by_freq: bool) -> Tensor:
     """The gradient of :func:`embedding`'s table: rows of ``grad_output`` summed per index.
@@ -209,13 +211,13 @@ def embedding_dense_backward(grad_output: Tensor, indices: Tensor, num_weights: 
         IndexError: an index out of range (checked on the CPU).
         Unsupported: deterministic algorithms requested, or inputs these kernels do not take.
     """
-    if grad_output.dtype not in _GRAD_DTYPES or grad_output.layout != torch.strided:
+    if grad_output.dtype not in FLOAT_DTYPES or grad_output.layout != torch.strided:
         raise Unsupported(f"embedding gradient of {grad_output.dtype}")
     if grad_output.device != indices.device:
         raise Unsupported("gradient and indices on different devices")
     if torch.are_deterministic_algorithms_enabled():
         raise Unsupported("atomic accumulation is not deterministic")
-    check_fp64(grad_output.dtype)
+    check_supported(grad_output.dtype)
     if tuple(grad_output.shape[:-1]) != tuple(indices.shape) and grad_output.numel():
         raise Unsupported("grad_output does not match the indices")
     V, D = int(num_weights), grad_output.shape[-1]
@@ -225,9 +227,9 @@ def embedding_dense_backward(grad_output: Tensor, indices: Tensor, num_weights: 
     out = torch.empty((V, D), dtype=grad_output.dtype, device=dev)
     if V * D == 0:
         return out
-    acc_dtype = torch.float64 if grad_output.dtype == torch.float64 else torch.float32
-    direct = grad_output.dtype == acc_dtype and not scale_grad_by_freq
-    acc = out if direct else torch.empty((V, D), dtype=acc_dtype, device=dev)
+    acc_t = acc_dtype(grad_output.dtype)
+    direct = grad_output.dtype == acc_t and not scale_grad_by_freq
+    acc = out if direct else torch.empty((V, D), dtype=acc_t, device=dev)
     count = torch.empty(V if scale_grad_by_freq else 1, dtype=torch.int32, device=dev)
     g = grad_output.reshape(n, D)
     if g.stride(1) != 1 or g.stride(0) != D:
@@ -265,8 +267,3 @@ class _Embedding(torch.autograd.Function):
         grad_weight = embedding_dense_backward(grad, indices, num, padding_idx, scale)
         return grad_weight, None, None, None, None
 
-
-IMPLS: dict[str, Callable[..., Any]] = {
-    "embedding.default": _lookup,
-    "embedding_dense_backward.default": embedding_dense_backward,
-}

@@ -3,30 +3,31 @@
 aten's ``zeros``, ``ones``, ``full`` (and their ``_like`` forms) are
 CompositeExplicitAutograd: they allocate with ``empty`` and call ``zero_`` or
 ``fill_``, which are the overloads that reach a backend kernel, so those two are what
-:data:`IMPLS` registers. The fill is the pointwise generator's flat kernel with the
-value as a scalar argument (or, for a 0-dim device tensor, loaded once), converted to
-the tensor's dtype the way torch converts it (``int(2.7)`` for integers, ``!= 0`` for
-bool). Strided tensors (``x[:, ::2].fill_(1)``) take the strided kernel.
+gemsops serves (:func:`fill_` and :func:`zero_` are declared for them). The fill is the
+pointwise generator's flat kernel with the value as a scalar argument (or, for a 0-dim
+device tensor, loaded once), converted to the tensor's dtype the way torch converts it
+(``int(2.7)`` for integers, ``!= 0`` for bool). Strided tensors (``x[:, ::2].fill_(1)``)
+take the strided kernel.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
+from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops.pointwise_arith import FILL
-from gemsops.ops.pointwise_iterator import run
+from gemsops.ops.dtypes import Number
+from gemsops.ops.pointwise.arith import FILL
+from gemsops.ops.pointwise.iterator import run
 
-__all__ = ["IMPLS", "fill_", "full", "ones", "zero_", "zeros"]
-
-Number = bool | int | float
+__all__ = ["fill_", "full", "ones", "zero_", "zeros"]
 
 
+@op("fill_.Scalar", "fill_.Tensor")
 def fill_(self: Tensor, value: Tensor | Number) -> Tensor:
     """Set every element of ``self`` to ``value`` (a number or a 0-dim tensor); returns self."""
     if isinstance(value, Tensor) and value.dim() != 0:
@@ -47,11 +48,13 @@ def _may_overflow(source: torch.dtype, target: torch.dtype) -> bool:
     )
 
 
+@op("zero_.default")
 def zero_(self: Tensor) -> Tensor:
     """Set every element of ``self`` to zero; returns self."""
     return run(FILL, (0,), out=self, inplace=True)
 
 
+@op()
 def full(
     size: Sequence[int],
     fill_value: Number,
@@ -74,6 +77,7 @@ def full(
     return fill_(torch.empty(tuple(size), dtype=dtype, device=device), fill_value)
 
 
+@op()
 def zeros(
     size: Sequence[int],
     *,
@@ -84,6 +88,7 @@ def zeros(
     return zero_(torch.empty(tuple(size), dtype=dtype, device=device))
 
 
+@op()
 def ones(
     size: Sequence[int],
     *,
@@ -93,21 +98,3 @@ def ones(
     """A new tensor of ones (default float dtype unless ``dtype`` is given)."""
     return fill_(torch.empty(tuple(size), dtype=dtype, device=device), 1)
 
-
-def _fill_scalar(self: Tensor, value: Number) -> Tensor:
-    return fill_(self, value)
-
-
-def _fill_tensor(self: Tensor, value: Tensor) -> Tensor:
-    return fill_(self, value)
-
-
-def _zero(self: Tensor) -> Tensor:
-    return zero_(self)
-
-
-IMPLS: dict[str, Callable[..., Any]] = {
-    "fill_.Scalar": _fill_scalar,
-    "fill_.Tensor": _fill_tensor,
-    "zero_.default": _zero,
-}
