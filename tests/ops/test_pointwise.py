@@ -18,10 +18,11 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from gemsops import declare, registry
 from gemsops.errors import Unsupported
-from gemsops.ops import pointwise as pw
-from gemsops.ops import pointwise_activation as act
-from gemsops.ops.pointwise_types import overflows
+from gemsops.ops.pointwise import activation as act
+from gemsops.ops.pointwise import arith as pw
+from gemsops.ops.pointwise.types import overflows
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import (
     FLOAT_DTYPES,
@@ -33,6 +34,17 @@ from gemsops.testing.strategies import tensors as _tensors
 from gemsops.testing.tolerance import assert_close
 
 F = torch.nn.functional
+SERVED = sorted(o for d in declare.declarations()
+                if d.module.startswith("gemsops.ops.pointwise.") for o in d.served)
+"""Every aten overload the pointwise family declares (its modules are imported above)."""
+
+
+def impl(overload: str) -> Callable[..., Any]:
+    """The function the registry serves ``overload`` with (the declaration, bound to the
+    overload's schema; out= and in-place overloads derived)."""
+    return registry.implementations()[overload]
+
+
 # nan and inf inputs make numpy (under the interpreter) warn; the values are what count.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 HALF_AND_FLOAT = (*FLOAT_DTYPES, torch.float64)
@@ -304,6 +316,19 @@ def test_backward_ops(name: str, data: st.DataObject) -> None:
     check(ours(g, x), theirs, g, x)
 
 
+def test_backward_ops_take_out_or_grad_input() -> None:
+    """A backward op writes into ``out`` or, by aten's name, ``grad_input``; not both."""
+    with torch.device(target_device()):
+        g, y = torch.randn(5), torch.rand(5)
+        expected = torch.ops.aten.sigmoid_backward(g, y)
+        for kwarg in ("out", "grad_input"):
+            buf = torch.empty(5)
+            assert act.sigmoid_backward(g, y, **{kwarg: buf}) is buf
+            assert_close(buf, expected)
+        with pytest.raises(TypeError):
+            act.sigmoid_backward(g, y, out=torch.empty(5), grad_input=torch.empty(5))
+
+
 @pytest.mark.parametrize("name", ["add", "mul", "div", "eq", "maximum", "pow"])
 @given(pair=operand_pairs(dtypes=NUMERIC), out_dtype=st.sampled_from((*NUMERIC, torch.bool)),
        empty=st.booleans())
@@ -363,11 +388,11 @@ def test_inplace_variants(key: str, pair: tuple[torch.Tensor, torch.Tensor]) -> 
     if not torch_accepts(aten, *[x.clone() if isinstance(x, torch.Tensor) else x
                                  for x in args], **kwargs):
         with pytest.raises(Unsupported):
-            pw.IMPLS[key](*args, **kwargs)
+            impl(key)(*args, **kwargs)
         return
     expected = aten(*[x.clone() if isinstance(x, torch.Tensor) else x for x in args], **kwargs)
     self = args[0]
-    result = pw.IMPLS[key](*args, **kwargs)
+    result = impl(key)(*args, **kwargs)
     assert result is self
     assert_close(self, expected)
 
@@ -387,7 +412,7 @@ def _large_rank_and_strided_out() -> None:
     pw.mul(x, y, out=out)
     assert_close(out, x * y)
     z = torch.zeros(4, 6)[:, ::2]
-    pw.IMPLS["add_.Tensor"](z, torch.ones(3))
+    impl("add_.Tensor")(z, torch.ones(3))
     assert_close(z, torch.ones(4, 3))
 
 
@@ -402,9 +427,9 @@ def test_unsupported_inputs() -> None:
         pw.add(torch.randn(4), torch.randn(4, device="meta"))
     x = torch.randn(8)
     with pytest.raises(Unsupported):
-        pw.IMPLS["add_.Tensor"](x[1:], x[:-1])  # overlapping in-place
+        impl("add_.Tensor")(x[1:], x[:-1])  # overlapping in-place
     with pytest.raises(Unsupported):
-        pw.IMPLS["add_.Tensor"](torch.randn(3), torch.randn(2, 3))  # self cannot broadcast
+        impl("add_.Tensor")(torch.randn(3), torch.randn(2, 3))  # self cannot broadcast
     with pytest.raises(Unsupported):
         pw.sub(torch.ones(3, dtype=torch.bool), True)
     with pytest.raises(Unsupported):
@@ -456,9 +481,10 @@ def _sample(arg: Any, gen: torch.Generator) -> Any:
     return _STRINGS[arg.name]
 
 
-@pytest.mark.parametrize("key", sorted(pw.IMPLS))
+@pytest.mark.parametrize("key", SERVED)
 def test_impl_entries_match_aten(key: str) -> None:
-    """Each IMPLS entry, called as the dispatcher calls it, gives aten's result."""
+    """Each overload the family declares, served as the registry binds it and called as the
+    dispatcher calls it, gives aten's result."""
     schema = _aten(key)._schema
     gen = torch.Generator().manual_seed(len(key))
     args, kwargs = [], {}
@@ -470,7 +496,7 @@ def test_impl_entries_match_aten(key: str) -> None:
         return v.clone() if isinstance(v, torch.Tensor) else v
 
     expected = _aten(key)(*map(copy, args), **{k: copy(v) for k, v in kwargs.items()})
-    actual = pw.IMPLS[key](*args, **kwargs)
+    actual = impl(key)(*args, **kwargs)
     assert actual.dtype == expected.dtype and actual.shape == expected.shape, key
     assert_close(actual, expected)
 
@@ -484,8 +510,8 @@ def test_exp_takes_the_single_exponential_only_for_half_results(
 ) -> None:
     """exp's range-reduced body serves float32 results; half results take tl.exp, whose
     error is far below their half ulp, and still match the float64 reference."""
-    from gemsops.ops import pointwise_iterator as it
-    from gemsops.ops import pointwise_math as pm
+    from gemsops.ops.pointwise import elementwise as pm
+    from gemsops.ops.pointwise import iterator as it
 
     x = torch.linspace(-20, 11, 97, dtype=torch.float32).to(dtype).to(target_device())
     plan = it._plan(act.UNARY["exp"], [x], None)

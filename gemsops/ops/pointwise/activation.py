@@ -5,36 +5,37 @@ default float dtype (torch's INT_TO_FLOAT); relu and threshold keep integer dtyp
 gelu and silu take floating tensors only. The backward ops are the ones autograd's
 formulas call (``sigmoid_backward(grad, result)``, ``threshold_backward(grad, result, 0)``
 for relu...); the rest of the chain rule for these ops is pointwise mul/div/neg.
+
+Each host function is declared (:func:`gemsops.declare.op`) with the aten overloads it
+serves; as in :mod:`gemsops.ops.pointwise.arith`, it takes ``out=`` and ``inplace`` so the
+derived ``out=`` (``grad_input=`` for the backward ops) and in-place overloads call it
+directly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops import pointwise_math as M
-from gemsops.ops.pointwise_iterator import run
-from gemsops.ops.pointwise_types import ALL_DTYPES, FLOAT_DTYPES
-from gemsops.ops.pointwise_types import PointwiseOp as Op
-from gemsops.ops.pointwise_types import Promotion as P
+from gemsops.ops.dtypes import FLOAT_DTYPES, Number
+from gemsops.ops.pointwise import elementwise as M
+from gemsops.ops.pointwise.iterator import run
+from gemsops.ops.pointwise.types import NO_BOOL
+from gemsops.ops.pointwise.types import PointwiseOp as Op
+from gemsops.ops.pointwise.types import Promotion as P
 
 __all__ = [
-    "UNARY", "cos", "cos_", "exp", "exp_", "gelu", "gelu_", "gelu_backward", "log", "log_",
-    "reciprocal", "reciprocal_", "relu", "relu_", "rsqrt", "rsqrt_", "sigmoid",
-    "sigmoid_", "sigmoid_backward", "silu", "silu_", "silu_backward", "sin", "sin_", "sqrt",
-    "sqrt_", "tanh", "tanh_", "tanh_backward", "threshold", "threshold_",
-    "threshold_backward",
+    "UNARY", "cos", "exp", "gelu", "gelu_backward", "log", "reciprocal", "relu", "rsqrt",
+    "sigmoid", "sigmoid_backward", "silu", "silu_backward", "sin", "sqrt", "tanh",
+    "tanh_backward", "threshold", "threshold_backward",
 ]
 
-Number = bool | int | float
-_NO_BOOL = ALL_DTYPES - {torch.bool}
-
-# --- element functions (the shared math ones are in pointwise_math) -------------------
+# --- element functions (the shared math ones are in elementwise) ----------------------
 
 
 @triton.jit
@@ -114,14 +115,14 @@ _FLOAT_RESULTS = ("exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "ta
 UNARY = {name: Op(name, getattr(M, name), "p", P.INT_TO_FLOAT) for name in _FLOAT_RESULTS}
 UNARY["exp"] = Op("exp", M.exp, "p", P.INT_TO_FLOAT, half_body=M.exp_half)
 UNARY["sigmoid"] = Op("sigmoid", _sigmoid, "p", P.INT_TO_FLOAT)
-UNARY["relu"] = Op("relu", _relu, "p", dtypes=_NO_BOOL)
+UNARY["relu"] = Op("relu", _relu, "p", dtypes=NO_BOOL)
 UNARY["silu"] = Op("silu", _silu, "p", dtypes=FLOAT_DTYPES)
 GELU = {
     "none": Op("gelu", _gelu, "p", dtypes=FLOAT_DTYPES),
     "tanh": Op("gelu", _gelu_tanh, "p", dtypes=FLOAT_DTYPES),
 }
 # torch converts threshold's scalars with a range check; threshold_backward's without.
-THRESHOLD = Op("threshold", _threshold, "pvv", P.FIRST, _NO_BOOL, scalars="checked")
+THRESHOLD = Op("threshold", _threshold, "pvv", P.FIRST, NO_BOOL, scalars="checked")
 SIGMOID_BACKWARD = Op("sigmoid_backward", _sigmoid_backward, "pp", dtypes=FLOAT_DTYPES)
 TANH_BACKWARD = Op("tanh_backward", _tanh_backward, "pp", dtypes=FLOAT_DTYPES)
 SILU_BACKWARD = Op("silu_backward", _silu_backward, "pp", dtypes=FLOAT_DTYPES)
@@ -129,90 +130,107 @@ GELU_BACKWARD = {
     "none": Op("gelu_backward", _gelu_backward, "pp", dtypes=FLOAT_DTYPES),
     "tanh": Op("gelu_backward", _gelu_tanh_backward, "pp", dtypes=FLOAT_DTYPES),
 }
-THRESHOLD_BACKWARD = Op("threshold_backward", _threshold_backward, "ppv", dtypes=_NO_BOOL)
+THRESHOLD_BACKWARD = Op("threshold_backward", _threshold_backward, "ppv", dtypes=NO_BOOL)
 
 
-def _unary(name: str, doc: str) -> tuple[Callable[..., Tensor], Callable[..., Tensor]]:
-    op = UNARY[name]
+def _unary(name: str, doc: str) -> Callable[..., Tensor]:
+    record = UNARY[name]
 
-    def fn(self: Tensor, *, out: Tensor | None = None) -> Tensor:
-        return run(op, (self,), out=out)
-
-    def fn_(self: Tensor) -> Tensor:
-        return run(op, (self,), out=self, inplace=True)
+    def fn(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
+        return run(record, (self,), out=out, inplace=inplace)
 
     fn.__name__ = fn.__qualname__ = name
-    fn_.__name__ = fn_.__qualname__ = name + "_"
-    fn.__doc__, fn_.__doc__ = doc, f"In-place :func:`{name}`."
-    return fn, fn_
+    fn.__doc__ = doc
+    return fn
 
 
-exp, exp_ = _unary("exp", "e ** self (to about 1 ulp in float32).")
-log, log_ = _unary("log", "Natural logarithm.")
-sqrt, sqrt_ = _unary("sqrt", "Square root, correctly rounded.")
-rsqrt, rsqrt_ = _unary("rsqrt", "1 / sqrt(self).")
-reciprocal, reciprocal_ = _unary("reciprocal", "1 / self.")
-sin, sin_ = _unary("sin", "Sine.")
-cos, cos_ = _unary("cos", "Cosine.")
-tanh, tanh_ = _unary("tanh", "Hyperbolic tangent.")
-sigmoid, sigmoid_ = _unary("sigmoid", "1 / (1 + exp(-self)).")
-relu, relu_ = _unary("relu", "max(self, 0); nan stays nan; integer dtypes stay integer.")
-silu, silu_ = _unary("silu", "self * sigmoid(self).")
+exp = op("exp.default", out="exp.out", inplace="exp_.default")(
+    _unary("exp", "e ** self (to about 1 ulp in float32)."))
+log = op("log.default", out="log.out", inplace="log_.default")(
+    _unary("log", "Natural logarithm."))
+sqrt = op("sqrt.default", out="sqrt.out", inplace="sqrt_.default")(
+    _unary("sqrt", "Square root, correctly rounded."))
+rsqrt = op("rsqrt.default", out="rsqrt.out", inplace="rsqrt_.default")(
+    _unary("rsqrt", "1 / sqrt(self)."))
+reciprocal = op("reciprocal.default", out="reciprocal.out", inplace="reciprocal_.default")(
+    _unary("reciprocal", "1 / self."))
+sin = op("sin.default", out="sin.out", inplace="sin_.default")(
+    _unary("sin", "Sine."))
+cos = op("cos.default", out="cos.out", inplace="cos_.default")(
+    _unary("cos", "Cosine."))
+tanh = op("tanh.default", out="tanh.out", inplace="tanh_.default")(
+    _unary("tanh", "Hyperbolic tangent."))
+sigmoid = op("sigmoid.default", out="sigmoid.out", inplace="sigmoid_.default")(
+    _unary("sigmoid", "1 / (1 + exp(-self))."))
+relu = op("relu.default", out="relu.out", inplace="relu_.default")(
+    _unary("relu", "max(self, 0); nan stays nan; integer dtypes stay integer."))
+silu = op("silu.default", out="silu.out", inplace="silu_.default")(
+    _unary("silu", "self * sigmoid(self)."))
 
 
 def _pick(table: dict[str, Op], approximate: str) -> Op:
-    op = table.get(approximate)
-    if op is None:
+    record = table.get(approximate)
+    if record is None:
         raise Unsupported(f"approximate={approximate!r}")  # torch raises
-    return op
+    return record
 
 
-def gelu(self: Tensor, *, approximate: str = "none", out: Tensor | None = None) -> Tensor:
+@op("gelu.default", out="gelu.out", inplace="gelu_.default")
+def gelu(self: Tensor, *, approximate: str = "none", out: Tensor | None = None,
+         inplace: bool = False) -> Tensor:
     """GELU: ``x * Phi(x)`` (``"none"``, with erf) or its tanh approximation (``"tanh"``)."""
-    return run(_pick(GELU, approximate), (self,), out=out)
+    return run(_pick(GELU, approximate), (self,), out=out, inplace=inplace)
 
 
-def gelu_(self: Tensor, *, approximate: str = "none") -> Tensor:
-    """In-place :func:`gelu`."""
-    return run(_pick(GELU, approximate), (self,), out=self, inplace=True)
-
-
-def threshold(self: Tensor, threshold: Number, value: Number, *,
-              out: Tensor | None = None) -> Tensor:
+@op("threshold.default", out="threshold.out", inplace="threshold_.default")
+def threshold(self: Tensor, threshold: Number, value: Number, *, out: Tensor | None = None,
+              inplace: bool = False) -> Tensor:
     """``value`` where ``self <= threshold``, else ``self``."""
-    return run(THRESHOLD, (self, threshold, value), out=out)
+    return run(THRESHOLD, (self, threshold, value), out=out, inplace=inplace)
 
 
-def threshold_(self: Tensor, threshold: Number, value: Number) -> Tensor:
-    """In-place :func:`threshold`."""
-    return run(THRESHOLD, (self, threshold, value), out=self, inplace=True)
+# The backward ops' out= tensor is aten's ``grad_input``; the host functions take it as
+# ``out`` (the name the declared grad_input overloads pass) or as ``grad_input``.
 
 
-def sigmoid_backward(grad_output: Tensor, output: Tensor, *,
+def _grad_input(out: Tensor | None, grad_input: Tensor | None) -> Tensor | None:
+    if out is not None and grad_input is not None:
+        raise TypeError("pass the output as out or as grad_input, not both")
+    return grad_input if out is None else out
+
+
+@op("sigmoid_backward.default", out="sigmoid_backward.grad_input")
+def sigmoid_backward(grad_output: Tensor, output: Tensor, *, out: Tensor | None = None,
                      grad_input: Tensor | None = None) -> Tensor:
     """``grad_output * (1 - output) * output``, given sigmoid's output."""
-    return run(SIGMOID_BACKWARD, (grad_output, output), out=grad_input)
+    return run(SIGMOID_BACKWARD, (grad_output, output), out=_grad_input(out, grad_input))
 
 
-def tanh_backward(grad_output: Tensor, output: Tensor, *,
+@op("tanh_backward.default", out="tanh_backward.grad_input")
+def tanh_backward(grad_output: Tensor, output: Tensor, *, out: Tensor | None = None,
                   grad_input: Tensor | None = None) -> Tensor:
     """``grad_output * (1 - output ** 2)``, given tanh's output."""
-    return run(TANH_BACKWARD, (grad_output, output), out=grad_input)
+    return run(TANH_BACKWARD, (grad_output, output), out=_grad_input(out, grad_input))
 
 
-def silu_backward(grad_output: Tensor, self: Tensor, *,
+@op("silu_backward.default", out="silu_backward.grad_input")
+def silu_backward(grad_output: Tensor, self: Tensor, *, out: Tensor | None = None,
                   grad_input: Tensor | None = None) -> Tensor:
     """silu's gradient ``s * (1 + x * (1 - s))`` with ``s = sigmoid(x)``, times grad_output."""
-    return run(SILU_BACKWARD, (grad_output, self), out=grad_input)
+    return run(SILU_BACKWARD, (grad_output, self), out=_grad_input(out, grad_input))
 
 
+@op("gelu_backward.default", out="gelu_backward.grad_input")
 def gelu_backward(grad_output: Tensor, self: Tensor, *, approximate: str = "none",
-                  grad_input: Tensor | None = None) -> Tensor:
+                  out: Tensor | None = None, grad_input: Tensor | None = None) -> Tensor:
     """gelu's gradient at ``self`` (for either ``approximate``), times grad_output."""
-    return run(_pick(GELU_BACKWARD, approximate), (grad_output, self), out=grad_input)
+    return run(_pick(GELU_BACKWARD, approximate), (grad_output, self),
+               out=_grad_input(out, grad_input))
 
 
+@op("threshold_backward.default", out="threshold_backward.grad_input")
 def threshold_backward(grad_output: Tensor, self: Tensor, threshold: Number, *,
-                       grad_input: Tensor | None = None) -> Tensor:
+                       out: Tensor | None = None, grad_input: Tensor | None = None) -> Tensor:
     """``0`` where ``self <= threshold``, else ``grad_output`` (relu's backward at 0)."""
-    return run(THRESHOLD_BACKWARD, (grad_output, self, threshold), out=grad_input)
+    return run(THRESHOLD_BACKWARD, (grad_output, self, threshold),
+               out=_grad_input(out, grad_input))

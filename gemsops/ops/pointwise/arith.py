@@ -1,11 +1,17 @@
 """Pointwise arithmetic, comparison, logic and selection: add ... pow, eq ... ge, where, clamp.
 
-Each op is a :class:`~gemsops.ops.pointwise_iterator.PointwiseOp` (an element function
-from :mod:`gemsops.ops.pointwise_math` with operand roles and a promotion kind) run by
-the shared generator. The host functions pick the op and check what torch checks before
-its kernel runs (bool subtraction, float alpha with integers, integer division by zero
-where it can be seen, pow's exponent range...). Every function has an ``out=`` form and
-an in-place twin (``add_``), as in torch.
+Each op is a :class:`~gemsops.ops.pointwise.types.PointwiseOp` (an element function
+from :mod:`gemsops.ops.pointwise.elementwise` with operand roles and a promotion kind)
+run by the shared generator. The host functions pick the op and check what torch checks
+before its kernel runs (bool subtraction, float alpha with integers, integer division by
+zero where it can be seen, pow's exponent range...).
+
+Each host function is declared (:func:`gemsops.declare.op`) with the aten overloads it
+serves. It takes ``out=`` and ``inplace`` (``out`` is ``self``, written in place), both
+written by :func:`~gemsops.ops.pointwise.iterator.run` as torch writes them, so the
+derived ``out=`` and in-place overloads (``add.out``, ``add_.Tensor``) call it directly.
+
+:data:`FILL` and :data:`COPY` are the records other families run (fills, clone, cat).
 """
 
 from __future__ import annotations
@@ -15,51 +21,49 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+import gemshal
+from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops import pointwise_math as M
-from gemsops.ops.pointwise_iterator import broadcast_shape, resize_output, run
-from gemsops.ops.pointwise_types import (
+from gemsops.ops.dtypes import FLOAT_DTYPES, Number
+from gemsops.ops.pointwise import elementwise as M
+from gemsops.ops.pointwise.iterator import broadcast_shape, resize_output, run
+from gemsops.ops.pointwise.types import (
     ALL_DTYPES,
-    FLOAT_DTYPES,
+    NO_BOOL,
     device_type,
-    has_fp64,
     overflows,
     result_type,
 )
-from gemsops.ops.pointwise_types import PointwiseOp as Op
-from gemsops.ops.pointwise_types import Promotion as P
+from gemsops.ops.pointwise.types import PointwiseOp as Op
+from gemsops.ops.pointwise.types import Promotion as P
 
 __all__ = [
-    "abs", "abs_", "add", "add_", "clamp", "clamp_", "clamp_max", "clamp_max_", "clamp_min",
-    "clamp_min_", "div", "div_", "eq", "eq_", "ge", "ge_", "gt", "gt_", "le", "le_",
-    "logical_and", "logical_and_", "logical_not", "logical_not_", "logical_or", "logical_or_",
-    "lt", "lt_", "masked_fill", "masked_fill_", "maximum", "minimum", "mul", "mul_", "ne",
-    "ne_", "neg", "neg_", "pow", "pow_", "rsub", "sign", "sign_", "sub", "sub_", "where",
+    "COPY", "FILL", "abs", "add", "clamp", "clamp_max", "clamp_min", "div", "eq", "ge", "gt",
+    "le", "logical_and", "logical_not", "logical_or", "lt", "masked_fill", "maximum",
+    "minimum", "mul", "ne", "neg", "pow", "rsub", "sign", "sub", "where",
 ]
 
-Number = bool | int | float
 Value = Tensor | Number
-_NO_BOOL = ALL_DTYPES - {torch.bool}
 
 ADD = Op("add", M.add, "pp")
 ADD_ALPHA = Op("add", M.add_alpha, "ppa")
-SUB = Op("sub", M.sub, "pp", dtypes=_NO_BOOL)
-SUB_ALPHA = Op("sub", M.sub_alpha, "ppa", dtypes=_NO_BOOL)
+SUB = Op("sub", M.sub, "pp", dtypes=NO_BOOL)
+SUB_ALPHA = Op("sub", M.sub_alpha, "ppa", dtypes=NO_BOOL)
 MUL = Op("mul", M.mul, "pp")
 DIV = {
     None: Op("div", M.div_true, "pp", P.INT_TO_FLOAT),
-    "trunc": Op("div", M.div_trunc, "pp", dtypes=_NO_BOOL),
-    "floor": Op("div", M.div_floor, "pp", dtypes=_NO_BOOL),
+    "trunc": Op("div", M.div_trunc, "pp", dtypes=NO_BOOL),
+    "floor": Op("div", M.div_floor, "pp", dtypes=NO_BOOL),
 }
-NEG = Op("neg", M.neg, "p", dtypes=_NO_BOOL)
-ABS = Op("abs", M.absolute, "p", dtypes=_NO_BOOL)
+NEG = Op("neg", M.neg, "p", dtypes=NO_BOOL)
+ABS = Op("abs", M.absolute, "p", dtypes=NO_BOOL)
 SIGN = Op("sign", M.sign, "p")
 MAXIMUM = Op("maximum", M.maximum, "pp")
 MINIMUM = Op("minimum", M.minimum, "pp")
 # torch converts clamp's scalar bounds with a range check (float16 and 1e30 raise).
-CLAMP = Op("clamp", M.clamp, "ppp", dtypes=_NO_BOOL, scalars="checked")
-CLAMP_MIN = Op("clamp_min", M.maximum, "pp", dtypes=_NO_BOOL, scalars="checked")
-CLAMP_MAX = Op("clamp_max", M.minimum, "pp", dtypes=_NO_BOOL, scalars="checked")
+CLAMP = Op("clamp", M.clamp, "ppp", dtypes=NO_BOOL, scalars="checked")
+CLAMP_MIN = Op("clamp_min", M.maximum, "pp", dtypes=NO_BOOL, scalars="checked")
+CLAMP_MAX = Op("clamp_max", M.minimum, "pp", dtypes=NO_BOOL, scalars="checked")
 WHERE = Op("where", M.where, "bpp")
 MASKED_FILL = Op("masked_fill", M.masked_fill, "pbv", P.FIRST, scalars="checked")
 COPY = Op("copy", M.identity, "p")
@@ -74,7 +78,7 @@ LOGICAL = {
 }
 # pow casts a scalar base or exponent to the common dtype, as torch does (so a bfloat16
 # tensor ** 2.3 uses 2.296875).
-POW_INT = Op("pow", M.pow_int, "pp", dtypes=ALL_DTYPES - FLOAT_DTYPES - {torch.bool},
+POW_INT = Op("pow", M.pow_int, "pp", dtypes=ALL_DTYPES.difference(FLOAT_DTYPES, {torch.bool}),
              scalars="common")
 POW_FLOAT = Op("pow", M.pow_float, "pp", dtypes=FLOAT_DTYPES, scalars="common")
 POW_FLOAT_WIDE = Op("pow", M.pow_float_wide, "pp", dtypes=FLOAT_DTYPES, scalars="common")
@@ -119,39 +123,31 @@ def _alpha_type(common: torch.dtype) -> torch.dtype:
     return common
 
 
-def add(self: Tensor, other: Value, *, alpha: Number = 1, out: Tensor | None = None) -> Tensor:
+@op("add.Tensor", "add.Scalar", out="add.out", inplace=("add_.Tensor", "add_.Scalar"))
+def add(self: Tensor, other: Value, *, alpha: Number = 1, out: Tensor | None = None,
+        inplace: bool = False) -> Tensor:
     """``self + alpha * other``, broadcast, with torch's type promotion."""
-    return _add(False, self, other, alpha, out)
+    return _add(False, self, other, alpha, out, inplace)
 
 
-def add_(self: Tensor, other: Value, *, alpha: Number = 1) -> Tensor:
-    """In-place :func:`add`."""
-    return _add(False, self, other, alpha, self, True)
-
-
-def sub(self: Tensor, other: Value, *, alpha: Number = 1, out: Tensor | None = None) -> Tensor:
+@op("sub.Tensor", "sub.Scalar", out="sub.out", inplace=("sub_.Tensor", "sub_.Scalar"))
+def sub(self: Tensor, other: Value, *, alpha: Number = 1, out: Tensor | None = None,
+        inplace: bool = False) -> Tensor:
     """``self - alpha * other`` (bool operands are refused, as in torch)."""
-    return _add(True, self, other, alpha, out)
+    return _add(True, self, other, alpha, out, inplace)
 
 
-def sub_(self: Tensor, other: Value, *, alpha: Number = 1) -> Tensor:
-    """In-place :func:`sub`."""
-    return _add(True, self, other, alpha, self, True)
-
-
+@op("rsub.Tensor", "rsub.Scalar")
 def rsub(self: Tensor, other: Value, *, alpha: Number = 1) -> Tensor:
     """``other - alpha * self``."""
     return _add(True, other, self, alpha, None)
 
 
-def mul(self: Tensor, other: Value, *, out: Tensor | None = None) -> Tensor:
+@op("mul.Tensor", "mul.Scalar", out="mul.out", inplace=("mul_.Tensor", "mul_.Scalar"))
+def mul(self: Tensor, other: Value, *, out: Tensor | None = None,
+        inplace: bool = False) -> Tensor:
     """``self * other``."""
-    return run(MUL, (self, other), out=out)
-
-
-def mul_(self: Tensor, other: Value) -> Tensor:
-    """In-place :func:`mul`."""
-    return run(MUL, (self, other), out=self, inplace=True)
+    return run(MUL, (self, other), out=out, inplace=inplace)
 
 
 def _has_zero(x: Value) -> bool:
@@ -167,26 +163,19 @@ def _has_zero(x: Value) -> bool:
     return bool((x.detach().numpy() == 0).any())
 
 
-def _div(self: Value, other: Value, rounding_mode: str | None, out: Tensor | None,
-         inplace: bool = False) -> Tensor:
-    op = DIV.get(rounding_mode)
-    if op is None:
+@op("div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode",
+    out=("div.out", "div.out_mode"),
+    inplace=("div_.Tensor", "div_.Scalar", "div_.Tensor_mode", "div_.Scalar_mode"))
+def div(self: Tensor, other: Value, *, rounding_mode: str | None = None,
+        out: Tensor | None = None, inplace: bool = False) -> Tensor:
+    """``self / other``: true division (integers give floats), or ``"trunc"``/``"floor"``."""
+    op_ = DIV.get(rounding_mode)
+    if op_ is None:
         raise Unsupported(f"rounding_mode {rounding_mode!r}")  # torch raises
     if rounding_mode is not None and not result_type([self, other]).is_floating_point \
             and _has_zero(other):
         raise Unsupported("integer division by zero")  # torch's CPU kernel raises
-    return run(op, (self, other), out=out, inplace=inplace)
-
-
-def div(self: Tensor, other: Value, *, rounding_mode: str | None = None,
-        out: Tensor | None = None) -> Tensor:
-    """``self / other``: true division (integers give floats), or ``"trunc"``/``"floor"``."""
-    return _div(self, other, rounding_mode, out)
-
-
-def div_(self: Tensor, other: Value, *, rounding_mode: str | None = None) -> Tensor:
-    """In-place :func:`div`."""
-    return _div(self, other, rounding_mode, self, True)
+    return run(op_, (self, other), out=out, inplace=inplace)
 
 
 # --- pow --------------------------------------------------------------------------
@@ -207,7 +196,12 @@ def _full(value: Number, a: Value, b: Value, dtype: torch.dtype, out: Tensor | N
     return run(FILL, (value,), out=out, inplace=True)
 
 
-def _pow(self: Value, exponent: Value, out: Tensor | None, inplace: bool = False) -> Tensor:
+@op("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar",
+    out=("pow.Tensor_Tensor_out", "pow.Tensor_Scalar_out", "pow.Scalar_out"),
+    inplace=("pow_.Tensor", "pow_.Scalar"))
+def pow(self: Value, exponent: Value, *, out: Tensor | None = None,
+        inplace: bool = False) -> Tensor:
+    """``self ** exponent`` for tensor or Python-number base and exponent (not both numbers)."""
     common = result_type([self, exponent])
     if common.is_complex:
         raise Unsupported(f"pow in {common}")  # the kernels take no complex dtype
@@ -230,72 +224,75 @@ def _pow(self: Value, exponent: Value, out: Tensor | None, inplace: bool = False
     if common == torch.bool:
         raise Unsupported("pow of bools")  # torch raises
     if not common.is_floating_point:
-        op = POW_INT
+        op_ = POW_INT
+    elif common != torch.float64 and gemshal.current_vendor().capabilities.supports(
+            torch.float64):
+        op_ = POW_FLOAT_WIDE  # computed in float64 where the device has it
     else:
-        op = POW_FLOAT_WIDE if common != torch.float64 and has_fp64() else POW_FLOAT
-    return run(op, (self, exponent), out=out, inplace=inplace)
-
-
-def pow(self: Value, exponent: Value, *, out: Tensor | None = None) -> Tensor:
-    """``self ** exponent`` for tensor or Python-number base and exponent (not both numbers)."""
-    return _pow(self, exponent, out)
-
-
-def pow_(self: Tensor, exponent: Value) -> Tensor:
-    """In-place :func:`pow`."""
-    return _pow(self, exponent, self, True)
+        op_ = POW_FLOAT
+    return run(op_, (self, exponent), out=out, inplace=inplace)
 
 
 # --- unary, comparisons, logic ----------------------------------------------------
 
 
-def _unary(op: Op, doc: str) -> tuple[Callable[..., Tensor], Callable[..., Tensor]]:
-    def fn(self: Tensor, *, out: Tensor | None = None) -> Tensor:
-        return run(op, (self,), out=out)
+def _unary(record: Op, doc: str) -> Callable[..., Tensor]:
+    def fn(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
+        return run(record, (self,), out=out, inplace=inplace)
 
-    def fn_(self: Tensor) -> Tensor:
-        return run(op, (self,), out=self, inplace=True)
-
-    fn.__name__ = fn.__qualname__ = op.name
-    fn_.__name__ = fn_.__qualname__ = op.name + "_"
-    fn.__doc__, fn_.__doc__ = doc, f"In-place :func:`{op.name}`."
-    return fn, fn_
+    fn.__name__ = fn.__qualname__ = record.name
+    fn.__doc__ = doc
+    return fn
 
 
-def _binary(op: Op, doc: str) -> tuple[Callable[..., Tensor], Callable[..., Tensor]]:
-    def fn(self: Tensor, other: Value, *, out: Tensor | None = None) -> Tensor:
-        return run(op, (self, other), out=out)
+def _binary(record: Op, doc: str) -> Callable[..., Tensor]:
+    def fn(self: Tensor, other: Value, *, out: Tensor | None = None,
+           inplace: bool = False) -> Tensor:
+        return run(record, (self, other), out=out, inplace=inplace)
 
-    def fn_(self: Tensor, other: Value) -> Tensor:
-        return run(op, (self, other), out=self, inplace=True)
-
-    fn.__name__ = fn.__qualname__ = op.name
-    fn_.__name__ = fn_.__qualname__ = op.name + "_"
-    fn.__doc__, fn_.__doc__ = doc, f"In-place :func:`{op.name}` (the result cast to self's dtype)."
-    return fn, fn_
+    fn.__name__ = fn.__qualname__ = record.name
+    fn.__doc__ = doc
+    return fn
 
 
-neg, neg_ = _unary(NEG, "``-self``.")
-abs, abs_ = _unary(ABS, "``|self|`` (``abs(-0.0)`` is ``0.0``).")
-sign, sign_ = _unary(SIGN, "-1, 0 or 1 by the sign of ``self`` (0 for nan); ``sgn`` for reals.")
-eq, eq_ = _binary(COMPARE["eq"], "``self == other`` as a bool tensor.")
-ne, ne_ = _binary(COMPARE["ne"], "``self != other`` as a bool tensor (true for nan).")
-lt, lt_ = _binary(COMPARE["lt"], "``self < other`` as a bool tensor.")
-le, le_ = _binary(COMPARE["le"], "``self <= other`` as a bool tensor.")
-gt, gt_ = _binary(COMPARE["gt"], "``self > other`` as a bool tensor.")
-ge, ge_ = _binary(COMPARE["ge"], "``self >= other`` as a bool tensor.")
-logical_and, logical_and_ = _binary(LOGICAL["logical_and"], "Both nonzero, as a bool tensor.")
-logical_or, logical_or_ = _binary(LOGICAL["logical_or"], "Either nonzero, as a bool tensor.")
-logical_not, logical_not_ = _unary(LOGICAL["logical_not"], "Zero, as a bool tensor.")
-maximum = _binary(MAXIMUM, "Elementwise max; nan wins.")[0]
-minimum = _binary(MINIMUM, "Elementwise min; nan wins.")[0]
+def _compare(name: str, doc: str) -> Callable[..., Tensor]:
+    """A comparison, serving its Tensor and Scalar overloads, out= and in place (where the
+    bool result is cast to self's dtype)."""
+    return op(f"{name}.Tensor", f"{name}.Scalar",
+              out=(f"{name}.Tensor_out", f"{name}.Scalar_out"),
+              inplace=(f"{name}_.Tensor", f"{name}_.Scalar"))(_binary(COMPARE[name], doc))
+
+
+neg = op("neg.default", out="neg.out", inplace="neg_.default")(
+    _unary(NEG, "``-self``."))
+abs = op("abs.default", out="abs.out", inplace="abs_.default")(
+    _unary(ABS, "``|self|`` (``abs(-0.0)`` is ``0.0``)."))
+sign = op("sign.default", "sgn.default", out=("sign.out", "sgn.out"),
+          inplace=("sign_.default", "sgn_.default"))(
+    _unary(SIGN, "-1, 0 or 1 by the sign of ``self`` (0 for nan); ``sgn`` for reals."))
+eq = _compare("eq", "``self == other`` as a bool tensor.")
+ne = _compare("ne", "``self != other`` as a bool tensor (true for nan).")
+lt = _compare("lt", "``self < other`` as a bool tensor.")
+le = _compare("le", "``self <= other`` as a bool tensor.")
+gt = _compare("gt", "``self > other`` as a bool tensor.")
+ge = _compare("ge", "``self >= other`` as a bool tensor.")
+logical_and = op("logical_and.default", out="logical_and.out", inplace="logical_and_.default")(
+    _binary(LOGICAL["logical_and"], "Both nonzero, as a bool tensor."))
+logical_or = op("logical_or.default", out="logical_or.out", inplace="logical_or_.default")(
+    _binary(LOGICAL["logical_or"], "Either nonzero, as a bool tensor."))
+logical_not = op("logical_not.default", out="logical_not.out", inplace="logical_not_.default")(
+    _unary(LOGICAL["logical_not"], "Zero, as a bool tensor."))
+maximum = op("maximum.default", out="maximum.out")(
+    _binary(MAXIMUM, "Elementwise max; nan wins."))
+minimum = op("minimum.default", out="minimum.out")(
+    _binary(MINIMUM, "Elementwise min; nan wins."))
 
 
 # --- selection --------------------------------------------------------------------
 
 
 def _clamp(self: Tensor, lo: Value | None, hi: Value | None, out: Tensor | None,
-           inplace: bool = False) -> Tensor:
+           inplace: bool) -> Tensor:
     if lo is None and hi is None:
         raise Unsupported("clamp without min or max")  # torch raises
     if self.device.type != "cpu" and any(isinstance(b, float) and b != b for b in (lo, hi)):
@@ -310,53 +307,42 @@ def _clamp(self: Tensor, lo: Value | None, hi: Value | None, out: Tensor | None,
     return run(CLAMP, (self, lo, hi), out=out, inplace=inplace)
 
 
+@op("clamp.default", "clamp.Tensor", out=("clamp.out", "clamp.Tensor_out"),
+    inplace=("clamp_.default", "clamp_.Tensor"))
 def clamp(self: Tensor, min: Value | None = None, max: Value | None = None, *,
-          out: Tensor | None = None) -> Tensor:
+          out: Tensor | None = None, inplace: bool = False) -> Tensor:
     """``min(max(self, min), max)``, nan propagating; scalar or tensor bounds."""
-    return _clamp(self, min, max, out)
+    return _clamp(self, min, max, out, inplace)
 
 
-def clamp_(self: Tensor, min: Value | None = None, max: Value | None = None) -> Tensor:
-    """In-place :func:`clamp`."""
-    return _clamp(self, min, max, self, True)
-
-
-def clamp_min(self: Tensor, min: Value, *, out: Tensor | None = None) -> Tensor:
+@op("clamp_min.default", "clamp_min.Tensor", out=("clamp_min.out", "clamp_min.Tensor_out"),
+    inplace=("clamp_min_.default", "clamp_min_.Tensor"))
+def clamp_min(self: Tensor, min: Value, *, out: Tensor | None = None,
+              inplace: bool = False) -> Tensor:
     """``max(self, min)``."""
-    return _clamp(self, min, None, out)
+    return _clamp(self, min, None, out, inplace)
 
 
-def clamp_min_(self: Tensor, min: Value) -> Tensor:
-    """In-place :func:`clamp_min`."""
-    return _clamp(self, min, None, self, True)
-
-
-def clamp_max(self: Tensor, max: Value, *, out: Tensor | None = None) -> Tensor:
+@op("clamp_max.default", "clamp_max.Tensor", out=("clamp_max.out", "clamp_max.Tensor_out"),
+    inplace=("clamp_max_.default", "clamp_max_.Tensor"))
+def clamp_max(self: Tensor, max: Value, *, out: Tensor | None = None,
+              inplace: bool = False) -> Tensor:
     """``min(self, max)``."""
-    return _clamp(self, None, max, out)
+    return _clamp(self, None, max, out, inplace)
 
 
-def clamp_max_(self: Tensor, max: Value) -> Tensor:
-    """In-place :func:`clamp_max`."""
-    return _clamp(self, None, max, self, True)
-
-
+@op("where.self", out="where.self_out")
 def where(condition: Tensor, self: Value, other: Value, *, out: Tensor | None = None) -> Tensor:
     """``self`` where ``condition`` (a bool tensor) holds, else ``other``."""
     return run(WHERE, (condition, self, other), out=out)
 
 
-def _masked_fill(self: Tensor, mask: Tensor, value: Value, inplace: bool) -> Tensor:
+@op("masked_fill.Scalar", "masked_fill.Tensor",
+    inplace=("masked_fill_.Scalar", "masked_fill_.Tensor"))
+def masked_fill(self: Tensor, mask: Tensor, value: Value, *, out: Tensor | None = None,
+                inplace: bool = False) -> Tensor:
+    """``value`` where the bool ``mask`` holds, else ``self`` (``self``'s dtype); in place,
+    ``mask`` broadcasts to ``self``."""
     if isinstance(value, Tensor) and value.dim() != 0:
         raise Unsupported("masked_fill takes a 0-dim value tensor")  # torch raises
-    return run(MASKED_FILL, (self, mask, value), out=self if inplace else None, inplace=inplace)
-
-
-def masked_fill(self: Tensor, mask: Tensor, value: Value) -> Tensor:
-    """``value`` where the bool ``mask`` holds, else ``self`` (``self``'s dtype)."""
-    return _masked_fill(self, mask, value, False)
-
-
-def masked_fill_(self: Tensor, mask: Tensor, value: Value) -> Tensor:
-    """In-place :func:`masked_fill` (``mask`` broadcasts to ``self``)."""
-    return _masked_fill(self, mask, value, True)
+    return run(MASKED_FILL, (self, mask, value), out=out, inplace=inplace)

@@ -1,6 +1,6 @@
 """The pointwise generator: two kernel templates, specialised per op, and their launchers.
 
-Every pointwise op is one element function from :mod:`gemsops.ops.pointwise_math`
+Every pointwise op is one element function from :mod:`gemsops.ops.pointwise.elementwise`
 passed to a template as the constexpr ``OP``, so Triton compiles one kernel per (op,
 template, operand kinds, dtypes) and caches it; no source is generated as text.
 
@@ -20,7 +20,6 @@ output's dtype differs, as torch computes in the result dtype before casting to 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +31,7 @@ from torch import Tensor
 import gemshal
 from gemshal.autotune import autotune
 
-__all__ = ["BITS64", "LOAD", "MAX_RANK", "SINGLE", "TL_DTYPES", "VALUE", "launch_flat",
+__all__ = ["BITS64", "LOAD", "MAX_RANK", "SINGLE", "VALUE", "launch_flat",
            "launch_flat_planned", "launch_strided"]
 
 MAX_RANK = 5
@@ -40,21 +39,9 @@ LOAD, VALUE, BITS64, SINGLE = 0, 1, 2, 3
 """Operand kinds: a pointer loaded per element; a scalar argument; a float64 scalar as its
 int64 bit pattern (Triton passes Python floats as float32); a pointer to one element."""
 
-TL_DTYPES = {
-    torch.float16: tl.float16,
-    torch.bfloat16: tl.bfloat16,
-    torch.float32: tl.float32,
-    torch.float64: tl.float64,
-    torch.int8: tl.int8,
-    torch.int16: tl.int16,
-    torch.int32: tl.int32,
-    torch.int64: tl.int64,
-    torch.uint8: tl.uint8,
-    torch.bool: tl.int1,
-}
-
-# Kernel modules are imported after gemshal has chosen the device (and so set this).
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+# Whether the kernels run on the Triton interpreter: gemshal's device says (asking it
+# here also resolves the device before any kernel below is built).
+_INTERPRETED = tl.constexpr(gemshal.current_device().interpreter)
 
 
 @triton.jit

@@ -3,10 +3,10 @@
 A body takes the operands already converted to the op's compute dtype (float32 for
 half types, float64 stays float64, integers stay integers) and returns the result in
 that dtype (or bool); the kernel casts it to the output dtype. The generator in
-:mod:`gemsops.ops.pointwise_codegen` passes a body to its kernel templates as a
+:mod:`gemsops.ops.pointwise.codegen` passes a body to its kernel templates as a
 constexpr, so each (body, template, dtypes) compiles once. This module holds the
 arithmetic, comparison and math bodies and the numerics they share; the activations'
-bodies sit with their ops in :mod:`gemsops.ops.pointwise_activation`.
+bodies sit with their ops in :mod:`gemsops.ops.pointwise.activation`.
 
 Only ``triton.language`` is used, never a vendor's libdevice: the same code then runs
 on every Triton backend and on the CPU interpreter (which has no libdevice), and what

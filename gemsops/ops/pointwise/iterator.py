@@ -1,9 +1,9 @@
 """What torch's TensorIterator does on the host, for the pointwise generator.
 
-:func:`run` takes an op (:class:`~gemsops.ops.pointwise_types.PointwiseOp`) and its
+:func:`run` takes an op (:class:`~gemsops.ops.pointwise.types.PointwiseOp`) and its
 operands; it promotes dtypes, broadcasts, turns Python numbers and 0-dim CPU tensors into
 kernel scalars, checks and allocates the output, and hands
-:mod:`gemsops.ops.pointwise_codegen` a flat or a strided launch. Anything a kernel
+:mod:`gemsops.ops.pointwise.codegen` a flat or a strided launch. Anything a kernel
 cannot do as torch would is refused with :class:`~gemsops.errors.Unsupported` before
 the output is touched.
 
@@ -21,23 +21,22 @@ import torch
 from torch import Tensor
 
 from gemsops.errors import Unsupported
-from gemsops.ops.pointwise_codegen import (
+from gemsops.ops.dtypes import TL_DTYPES, Number
+from gemsops.ops.pointwise.codegen import (
     BITS64,
     LOAD,
     SINGLE,
-    TL_DTYPES,
     VALUE,
     launch_flat,
     launch_flat_planned,
     launch_strided,
 )
-from gemsops.ops.pointwise_types import PointwiseOp, device_type, op_dtypes, scalar_arg
-from gemsops.ops.pointwise_types import casts as operand_casts
+from gemsops.ops.pointwise.types import PointwiseOp, device_type, op_dtypes, scalar_arg
+from gemsops.ops.pointwise.types import casts as operand_casts
 
 __all__ = ["broadcast_shape", "resize_output", "run"]
 
-Number = bool | int | float
-Casts = tuple[torch.dtype | None, torch.dtype | None]  # (via, to) of pointwise_types.casts
+Casts = tuple[torch.dtype | None, torch.dtype | None]  # (via, to) of types.casts
 
 
 def _tl(dtype: torch.dtype | None) -> Any:

@@ -13,7 +13,7 @@ import enum
 import functools
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -22,18 +22,17 @@ from torch import Tensor
 
 import gemshal
 from gemsops.errors import Unsupported
-from gemsops.ops.pointwise_codegen import BITS64, TL_DTYPES, VALUE
+from gemsops.ops.dtypes import TL_DTYPES, Number, check_supported
+from gemsops.ops.pointwise.codegen import BITS64, VALUE
 from gemsops.promotion import combine, promote
 
 __all__ = [
     "ALL_DTYPES",
-    "FLOAT_DTYPES",
+    "NO_BOOL",
     "PointwiseOp",
     "Promotion",
     "casts",
-    "check_fp64",
     "device_type",
-    "has_fp64",
     "holds_large",
     "op_dtypes",
     "overflows",
@@ -41,9 +40,10 @@ __all__ = [
     "scalar_arg",
 ]
 
-Number = bool | int | float
-ALL_DTYPES = frozenset(TL_DTYPES)
-FLOAT_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+ALL_DTYPES: frozenset[torch.dtype] = frozenset(TL_DTYPES)
+"""Every dtype the kernels take (those :data:`gemsops.ops.dtypes.TL_DTYPES` names)."""
+NO_BOOL: frozenset[torch.dtype] = ALL_DTYPES - {torch.bool}
+"""The kernels' dtypes but bool (ops torch refuses bool for: sub, neg, clamp...)."""
 
 
 class Promotion(enum.Enum):
@@ -54,6 +54,10 @@ class Promotion(enum.Enum):
     ALWAYS_BOOL = "always_bool"  # comparisons and logic
     FIRST = "first"  # operand 0's dtype (masked_fill, threshold)
     OUTPUT = "output"  # the output's dtype (fill_)
+
+
+def _dtype_set(dtypes: Iterable[torch.dtype]) -> frozenset[torch.dtype]:
+    return frozenset(dtypes)
 
 
 @attrs.frozen(cache_hash=True)  # a key of the fast path's plan cache
@@ -68,7 +72,8 @@ class PointwiseOp:
             a value converted to the common dtype first (a fill value); ``b``: a bool
             mask, passed through.
         promotion: How the result dtype is found.
-        dtypes: The common dtypes torch accepts for the op.
+        dtypes: The common dtypes torch accepts for the op (any collection of them,
+            e.g. :data:`gemsops.ops.dtypes.FLOAT_DTYPES`; kept as a frozenset).
         scalars: How a scalar operand is converted, as torch's kernel for the op does:
             ``"compute"``, straight to the compute dtype (arithmetic: ``x_fp16 * 0.1``
             multiplies by float32 0.1); ``"common"``, to the common dtype first
@@ -82,7 +87,7 @@ class PointwiseOp:
     body: Any
     roles: str
     promotion: Promotion = Promotion.DEFAULT
-    dtypes: frozenset[torch.dtype] = ALL_DTYPES
+    dtypes: frozenset[torch.dtype] = attrs.field(default=ALL_DTYPES, converter=_dtype_set)
     scalars: str = "compute"
     half_body: Any = None
 
@@ -142,18 +147,6 @@ def result_type(values: Sequence[Tensor | Number]) -> torch.dtype:
 
 
 @functools.cache
-def has_fp64() -> bool:
-    """Whether the device's Triton backend handles float64."""
-    return bool(gemshal.current_vendor().capabilities.fp64)
-
-
-def check_fp64(dtype: torch.dtype) -> None:
-    """Raise Unsupported for float64 on a vendor whose Triton backend has no fp64."""
-    if dtype == torch.float64 and not has_fp64():
-        raise Unsupported("float64 on a device without fp64")
-
-
-@functools.cache
 def device_type() -> str:
     """The torch device type the kernels run on (``"cpu"`` under the interpreter)."""
     return gemshal.current_vendor().device_type
@@ -190,12 +183,14 @@ def op_dtypes(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None,
     result = torch.bool if op.promotion is Promotion.ALWAYS_BOOL else common
     if out is not None and not torch.can_cast(result, out.dtype):
         raise Unsupported(f"a {result} result cannot be cast to a {out.dtype} output")
-    if not has_fp64() and (
-        common == torch.float64
-        or any(isinstance(x, Tensor) and x.dtype == torch.float64 for x in operands)
-        or (out is not None and out.dtype == torch.float64)
-    ):
-        raise Unsupported("float64 on a device without fp64")
+    # The device computes in every dtype involved (gemshal's capabilities: float64
+    # without fp64 is handed to torch).
+    check_supported(common)
+    for x in operands:
+        if isinstance(x, Tensor) and x.dtype != common:
+            check_supported(x.dtype)
+    if out is not None and out.dtype != common:
+        check_supported(out.dtype)
     return common, compute, result
 
 
