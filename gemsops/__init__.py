@@ -9,7 +9,6 @@ the Triton interpreter without any setting by hand.
 from __future__ import annotations
 
 import functools
-import importlib
 import pkgutil
 from typing import Any
 
@@ -30,76 +29,6 @@ __version__ = "0.1.0"
 
 _tuning.register()
 
-# Public op functions of modules that still keep a hand-written table (being retired:
-# declared ops are found through gemsops.declare).
-_OPS: dict[str, str] = {
-    "abs": "pointwise",
-    "add": "pointwise",
-    "amax": "reduce",
-    "amin": "reduce",
-    "argmax": "reduce_index",
-    "argmin": "reduce_index",
-    "clamp": "pointwise",
-    "clamp_max": "pointwise",
-    "clamp_min": "pointwise",
-    "cos": "pointwise_activation",
-    "cumsum": "scan",
-    "div": "pointwise",
-    "eq": "pointwise",
-    "exp": "pointwise_activation",
-    "fused_rms_norm": "norm",
-    "fused_rms_norm_backward": "norm",
-    "ge": "pointwise",
-    "gelu": "pointwise_activation",
-    "gelu_backward": "pointwise_activation",
-    "gt": "pointwise",
-    "layer_norm": "norm",
-    "le": "pointwise",
-    "log": "pointwise_activation",
-    "log_softmax": "softmax",
-    "log_softmax_backward": "softmax",
-    "logical_and": "pointwise",
-    "logical_not": "pointwise",
-    "logical_or": "pointwise",
-    "lt": "pointwise",
-    "masked_fill": "pointwise",
-    "max": "reduce",
-    "max_dim": "reduce_index",
-    "maximum": "pointwise",
-    "mean": "reduce",
-    "min": "reduce",
-    "min_dim": "reduce_index",
-    "minimum": "pointwise",
-    "mul": "pointwise",
-    "native_layer_norm": "norm",
-    "native_layer_norm_backward": "norm",
-    "ne": "pointwise",
-    "neg": "pointwise",
-    "pow": "pointwise",
-    "prod": "reduce",
-    "reciprocal": "pointwise_activation",
-    "relu": "pointwise_activation",
-    "rms_norm": "norm",
-    "rsqrt": "pointwise_activation",
-    "rsub": "pointwise",
-    "sigmoid": "pointwise_activation",
-    "sigmoid_backward": "pointwise_activation",
-    "sign": "pointwise",
-    "silu": "pointwise_activation",
-    "silu_backward": "pointwise_activation",
-    "sin": "pointwise_activation",
-    "softmax": "softmax",
-    "softmax_backward": "softmax",
-    "sqrt": "pointwise_activation",
-    "sub": "pointwise",
-    "sum": "reduce",
-    "tanh": "pointwise_activation",
-    "tanh_backward": "pointwise_activation",
-    "threshold": "pointwise_activation",
-    "threshold_backward": "pointwise_activation",
-    "var_mean": "reduce_stats",
-    "where": "pointwise",
-}
 
 
 _BASE_ALL = (
@@ -126,11 +55,7 @@ def _public_ops() -> dict[str, Any]:
     import gemshal
 
     gemshal.current_device()
-    ops = {d.name: d.fn for d in _declare.load() if d.public}
-    for name, module in _OPS.items():
-        if name not in ops:
-            ops[name] = getattr(importlib.import_module(f"gemsops.ops.{module}"), name)
-    return ops
+    return {d.name: d.fn for d in _declare.load() if d.public}
 
 
 def __getattr__(name: str) -> Any:

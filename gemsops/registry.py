@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import difflib
-import importlib
 import threading
 import time
 import warnings
@@ -34,7 +33,6 @@ from gemsops.errors import GemsopsError, UnknownOpError, Unsupported
 from gemsops.promotion import FLOAT_TO_COMPLEX, combine, promote
 
 __all__ = [
-    "OP_MODULES",
     "CallRecord",
     "base_name",
     "disable",
@@ -52,14 +50,6 @@ __all__ = [
     "source",
     "use_gems",
 ]
-
-OP_MODULES: tuple[str, ...] = (
-    "gemsops.ops.pointwise",
-    "gemsops.ops.reduce",
-    "gemsops.ops.softmax",
-    "gemsops.ops.norm",
-)
-"""Modules still carrying a hand-written ``IMPLS`` table (read after the declarations)."""
 
 _LOCK = threading.RLock()
 _IMPLS: dict[str, Callable[..., Any]] | None = None
@@ -85,19 +75,6 @@ def implementations() -> dict[str, Callable[..., Any]]:
             table = {overload: fn for overload, (_, fn) in bound.items()}
             autograd = {overload for overload, (decl, _) in bound.items() if decl.autograd}
             _SOURCES.update({overload: decl for overload, (decl, _) in bound.items()})
-            for name in OP_MODULES:
-                module = importlib.import_module(name)
-                tables = (getattr(module, "IMPLS", {}), getattr(module, "AUTOGRAD_IMPLS", {}))
-                for at_autograd, impls in enumerate(tables):
-                    for overload, fn in impls.items():
-                        held = _SOURCES.get(overload)
-                        if held is not None and held.vendor is not None:
-                            continue  # a vendor's override wins over the portable table
-                        if overload in table:
-                            raise RuntimeError(f"{overload} is implemented twice ({name})")
-                        table[overload] = fn
-                        if at_autograd:
-                            autograd.add(overload)
             _AUTOGRAD = frozenset(autograd)
             _IMPLS = table
     return _IMPLS

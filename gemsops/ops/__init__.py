@@ -1,1 +1,3 @@
-"""Op families, one module each: private kernels, typed host functions, an IMPLS table."""
+"""Op families, one subpackage each (pointwise, rowwise, norm, loss, matmul, memory,
+attention): private kernels and typed host functions declared with :func:`gemsops.op`,
+plus the modules the families share (``dtypes``, ``outputs``, ``grid``)."""

@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemsops.errors import Unsupported
-from gemsops.ops import norm as NM
-from gemsops.ops import pointwise as pw
-from gemsops.ops import pointwise_activation as act
-from gemsops.ops.reduce_stats import var_mean
+from gemsops.ops.norm import norm as NM
+from gemsops.ops.pointwise import activation as act
+from gemsops.ops.pointwise import arith as pw
+from gemsops.ops.rowwise.stats import var_mean
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import FLOAT_DTYPES, target_device, tensors, to_target
 from gemsops.testing.tolerance import assert_close
@@ -195,12 +195,12 @@ def test_var_mean_warns_when_no_degrees_of_freedom_are_left(
 
 def test_var_mean_out_warns_once() -> None:
     """var_mean's out= form warns about the degrees of freedom once, as torch does."""
-    from gemsops.ops import reduce as R
+    from gemsops.registry import implementations
 
     x = to_target(torch.randn(3, 2))
     o0, o1 = torch.empty(0, device=DEV), torch.empty(0, device=DEV)
-    caught = _warnings(lambda: R.IMPLS["var_mean.correction_out"](x, [1], correction=2,
-                                                                  out0=o0, out1=o1))
+    caught = _warnings(lambda: implementations()["var_mean.correction_out"](
+        x, [1], correction=2, out0=o0, out1=o1))
     assert len(caught) == 1 and "degrees of freedom is <= 0" in caught[0]
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import gemshal
 from gemsops.errors import Unsupported
-from gemsops.ops import norm as NM
+from gemsops.ops.norm import norm as NM
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import FLOAT_DTYPES, tensors
 from gemsops.testing.tolerance import assert_close

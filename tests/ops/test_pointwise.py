@@ -122,13 +122,15 @@ UNARY: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
                   lambda x, **k: F.gelu(x, approximate="tanh", **k)),
     "neg": (pw.neg, torch.neg), "abs": (pw.abs, torch.abs), "sign": (pw.sign, torch.sign),
     "logical_not": (pw.logical_not, torch.logical_not),
+    "floor": (act.floor, torch.floor),
 }
 
 
 # Inputs gemsops hands to torch's own kernel by design: torch's CUDA abs takes bool (an
 # identity), its CPU abs refuses it; the registry passes the call on, so the user gets
 # whichever torch does on the device.
-HANDED_BACK = {("abs", torch.bool)}
+HANDED_BACK = {("abs", torch.bool)} | {("floor", dtype) for dtype in (
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)}
 
 
 @pytest.mark.parametrize("name", sorted(UNARY))

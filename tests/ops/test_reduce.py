@@ -22,11 +22,12 @@ from hypothesis import strategies as st
 
 import gemshal
 from gemsops.errors import Unsupported
-from gemsops.ops import reduce as R
-from gemsops.ops import reduce_layout
-from gemsops.ops.reduce_index import argmax, argmin, max_dim, min_dim
-from gemsops.ops.reduce_stats import var_mean
-from gemsops.ops.scan import cumsum
+from gemsops.ops.rowwise import layout as reduce_layout
+from gemsops.ops.rowwise import reduce as R
+from gemsops.ops.rowwise.index import argmax, argmin, max_dim, min_dim
+from gemsops.ops.rowwise.scan import cumsum
+from gemsops.ops.rowwise.stats import var_mean
+from gemsops.registry import implementations
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, dims_for, tensors, to_target
 from gemsops.testing.tolerance import assert_close
@@ -335,31 +336,31 @@ def test_errors_match_torch(call: Callable[[Any], Any], error: type[Exception]) 
 
 
 def test_impls_behave_like_aten() -> None:
-    """IMPLS functions called with aten's arguments return what the aten op returns."""
+    """The registered functions, called with aten's arguments, return what the aten op returns."""
     x = torch.randn(4, 6, device=DEVICE)
     aten = torch.ops.aten
-    assert_close(R.IMPLS["sum.dim_IntList"](x, [1], True), reference(aten.sum.dim_IntList, x, [1],
-                 True), reduce_size=6)
-    total = R.IMPLS["sum.default"](x, dtype=torch.float64)
+    assert_close(implementations()["sum.dim_IntList"](x, [1], True),
+                 reference(aten.sum.dim_IntList, x, [1], True), reduce_size=6)
+    total = implementations()["sum.default"](x, dtype=torch.float64)
     assert_close(total, aten.sum.default(x, dtype=torch.float64), reduce_size=24)
-    v, i = R.IMPLS["max.dim"](x, 0)
+    v, i = implementations()["max.dim"](x, 0)
     tv, ti = aten.max.dim(x, 0)
     _same(v, tv)
     _same(i, ti)
     out = torch.empty(0, device=DEVICE)
-    assert R.IMPLS["mean.out"](x, [0], False, out=out) is out
+    assert implementations()["mean.out"](x, [0], False, out=out) is out
     assert_close(out, reference(torch.mean, x, 0), reduce_size=4)
     idx = torch.empty(0, dtype=torch.int64, device=DEVICE)
     vals = torch.empty(0, device=DEVICE)
-    R.IMPLS["min.dim_min"](x, 1, min=vals, min_indices=idx)
+    implementations()["min.dim_min"](x, 1, min=vals, min_indices=idx)
     _same(idx, torch.argmin(x, 1))
     o0, o1 = torch.empty(0, device=DEVICE), torch.empty(0, device=DEVICE)
-    R.IMPLS["var_mean.correction_out"](x, [1], correction=0, out0=o0, out1=o1)
+    implementations()["var_mean.correction_out"](x, [1], correction=0, out0=o0, out1=o1)
     e_var, e_mean = torch.var_mean(x, 1, correction=0)
     assert_close(o0, e_var.double(), reduce_size=6)
     assert_close(o1, e_mean.double(), reduce_size=6)
     y = x.clone()
-    assert R.IMPLS["cumsum_.default"](y, 1) is y
+    assert implementations()["cumsum_.default"](y, 1) is y
     assert_close(y, reference(torch.cumsum, x, 1), reduce_size=6)
 
 
@@ -373,7 +374,7 @@ def test_unsupported_inputs_are_refused_before_writing() -> None:
     x = torch.randn(3, 4, device=DEVICE)
     out = torch.full((4,), 7.0, dtype=torch.float16, device=DEVICE)
     with pytest.raises(Unsupported):
-        R.IMPLS["sum.IntList_out"](x, [0], out=out)
+        implementations()["sum.IntList_out"](x, [0], out=out)
     assert (out == 7).all()
     with pytest.raises(Unsupported):
-        R.IMPLS["cumsum.out"](x, 0, out=x)
+        implementations()["cumsum.out"](x, 0, out=x)

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import gemshal
 from gemsops.errors import Unsupported
-from gemsops.ops import softmax as S
+from gemsops.ops.rowwise import softmax as S
+from gemsops.registry import implementations
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import FLOAT_DTYPES, tensors
 from gemsops.testing.tolerance import assert_close
@@ -58,7 +59,7 @@ def test_half_to_float_gives_float32(x: torch.Tensor, data: st.DataObject, log: 
     """_softmax(half_to_float=True) of float16 returns float32 computed from the halves."""
     dim = _dim(data, x)
     op = "_log_softmax.default" if log else "_softmax.default"
-    actual = S.IMPLS[op](x, dim, True)
+    actual = implementations()[op](x, dim, True)
     assert actual.dtype == torch.float32
     expected = reference(torch.log_softmax if log else torch.softmax, x, dim)
     assert_close(actual, expected, reduce_size=_length(x, dim))
@@ -114,12 +115,12 @@ def test_out_variants_write_into_out() -> None:
     """The .out overloads resize an empty out, fill it and return it."""
     x = torch.randn(3, 70, device=DEVICE)
     out = torch.empty(0, device=DEVICE)
-    assert S.IMPLS["_softmax.out"](x, 1, False, out=out) is out
+    assert implementations()["_softmax.out"](x, 1, False, out=out) is out
     assert_close(out, reference(torch.softmax, x, 1), reduce_size=70)
     y = torch.log_softmax(x, 0)
     g = torch.randn(3, 70, device=DEVICE)
     grad_in = torch.empty(3, 70, device=DEVICE)
-    S.IMPLS["_log_softmax_backward_data.out"](g, y, 0, torch.float32, out=grad_in)
+    implementations()["_log_softmax_backward_data.out"](g, y, 0, torch.float32, out=grad_in)
     expected = reference(lambda a, b: aten._log_softmax_backward_data(a, b, 0, torch.float64), g, y)
     assert_close(grad_in, expected, reduce_size=3)
 
@@ -132,10 +133,10 @@ def test_unsupported_inputs_go_to_torch() -> None:
     with pytest.raises(Unsupported):
         S.log_softmax(ones(3, dtype=torch.complex64))
     with pytest.raises(Unsupported):
-        S.IMPLS["_softmax.default"](ones(3), 0, True)  # half_to_float of float32
+        implementations()["_softmax.default"](ones(3), 0, True)  # half_to_float of float32
     with pytest.raises(Unsupported):
         S.softmax_backward(ones(3), ones(3, dtype=torch.float64), 0, torch.float32)
     out = torch.full((3,), 5.0, dtype=torch.float64, device=DEVICE)
     with pytest.raises(Unsupported):
-        S.IMPLS["_softmax.out"](ones(3), 0, False, out=out)
+        implementations()["_softmax.out"](ones(3), 0, False, out=out)
     assert (out == 5).all()

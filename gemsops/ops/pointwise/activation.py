@@ -30,8 +30,8 @@ from gemsops.ops.pointwise.types import PointwiseOp as Op
 from gemsops.ops.pointwise.types import Promotion as P
 
 __all__ = [
-    "UNARY", "cos", "exp", "gelu", "gelu_backward", "log", "reciprocal", "relu", "rsqrt",
-    "sigmoid", "sigmoid_backward", "silu", "silu_backward", "sin", "sqrt", "tanh",
+    "FLOOR", "UNARY", "cos", "exp", "floor", "gelu", "gelu_backward", "log", "reciprocal",
+    "relu", "rsqrt", "sigmoid", "sigmoid_backward", "silu", "silu_backward", "sin", "sqrt", "tanh",
     "tanh_backward", "threshold", "threshold_backward",
 ]
 
@@ -166,6 +166,23 @@ relu = op("relu.default", out="relu.out", inplace="relu_.default")(
     _unary("relu", "max(self, 0); nan stays nan; integer dtypes stay integer."))
 silu = op("silu.default", out="silu.out", inplace="silu_.default")(
     _unary("silu", "self * sigmoid(self)."))
+
+
+@triton.jit
+def _floor(a):
+    return tl.floor(a)
+
+
+FLOOR = Op("floor", _floor, "p", dtypes=FLOAT_DTYPES)
+
+
+@op("floor.default", out="floor.out", inplace="floor_.default")
+def floor(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
+    """The largest integer not above ``self``, elementwise, in ``self``'s dtype (exact).
+
+    Integer and bool tensors, where floor is a copy, are handed to torch.
+    """
+    return run(FLOOR, (self,), out=out, inplace=inplace)
 
 
 def _pick(table: dict[str, Op], approximate: str) -> Op:

@@ -9,8 +9,8 @@ Every kernel of the reduce / softmax family works on one of two shapes of proble
 :func:`plan` finds such a view of the input without copying when the strides allow it
 (transposed, sliced and broadcast tensors included) and falls back to one
 ``permute().contiguous()`` copy otherwise (value reductions first try two passes over
-views, see :mod:`gemsops.ops.reduce_value`). This module holds no kernel, only the
-host-side rules the family shares: dims, dtypes, layouts, splits and ``out=``.
+views, see :mod:`gemsops.ops.rowwise.value`). This module holds no kernel, only the
+host-side rules the family shares: dims, dtypes, layouts and splits.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import triton.language as tl
 import gemshal
 from gemshal import VendorInfo
 from gemsops.errors import Unsupported
+from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, TL_DTYPES
 
 __all__ = [
     "INDEX_SENTINEL",
     "Layout",
-    "acc_dtype",
     "check_dtype",
     "check_input",
     "collapse",
@@ -48,24 +48,9 @@ __all__ = [
     "tl_dtype",
     "view",
     "wrap_dim",
-    "write_out",
 ]
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_INTS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
-_SUPPORTED = frozenset((*_FLOATS, *_INTS, torch.bool))
-
-_TL = {
-    torch.float16: tl.float16,
-    torch.bfloat16: tl.bfloat16,
-    torch.float32: tl.float32,
-    torch.float64: tl.float64,
-    torch.int8: tl.int8,
-    torch.uint8: tl.uint8,
-    torch.int16: tl.int16,
-    torch.int32: tl.int32,
-    torch.int64: tl.int64,
-}
+_SUPPORTED = frozenset((*FLOAT_DTYPES, *INT_DTYPES, torch.bool))
 
 INDEX_SENTINEL = 2**31 - 1
 """Index carried by padding lanes of arg-reductions: larger than any real index, so it
@@ -88,20 +73,12 @@ vectorisation whatever BLOCK size the tuner picks (all are powers of two up to i
 
 
 def tl_dtype(dtype: torch.dtype) -> tl.dtype:
-    """The Triton dtype of a torch dtype the family supports (bool reads as uint8)."""
-    return _TL[torch.uint8 if dtype == torch.bool else dtype]
+    """The Triton dtype of a torch dtype the family supports.
 
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The accumulator of a sum / product / scan whose result has ``dtype``.
-
-    Half types accumulate in float32 and integers in int64, like torch.
+    Unlike :func:`gemsops.ops.dtypes.tl_dtype`, bool reads as uint8: the kernels see a
+    bool tensor through :func:`kernel_view`, one byte per element.
     """
-    if dtype == torch.float64:
-        return torch.float64
-    if dtype.is_floating_point:
-        return torch.float32
-    return torch.int64
+    return TL_DTYPES[torch.uint8 if dtype == torch.bool else dtype]
 
 
 def max_identity(dtype: torch.dtype) -> float | int:
@@ -159,18 +136,15 @@ def refusal(dtype: torch.dtype, device: torch.device, floating_only: bool) -> st
 def _refusal(
     vendor: VendorInfo, dtype: torch.dtype, device_type: str, floating_only: bool
 ) -> str | None:
-    if dtype not in _SUPPORTED or (floating_only and dtype not in _FLOATS):
+    if dtype not in _SUPPORTED or (floating_only and dtype not in FLOAT_DTYPES):
         return f"dtype {dtype}"
     if device_type != vendor.device_type:
         return f"tensor on {device_type}, kernels run on {vendor.device_type}"
-    caps = vendor.capabilities
-    if dtype == torch.float64 and not caps.fp64:
-        return "float64 on a device without fp64"
-    if dtype == torch.bfloat16 and not caps.bf16:
-        return "bfloat16 on a device without bf16"
-    if not caps.int64 and not dtype.is_floating_point:
-        return "integer reduction needs int64 on the device"
-    return None
+    reason = vendor.capabilities.refusal(dtype)
+    if reason is None and not dtype.is_floating_point and not vendor.capabilities.int64:
+        # Integers and bool accumulate in int64 (dtypes.acc_dtype), whatever their width.
+        reason = "integer reduction needs int64 on the device"
+    return reason
 
 
 def check_dtype(dtype: torch.dtype) -> None:
@@ -193,12 +167,11 @@ _DTYPE_REFUSALS: dict[tuple[VendorInfo, torch.dtype], str | None] = {}
 def _dtype_refusal(vendor: VendorInfo, dtype: torch.dtype) -> str | None:
     if dtype not in _SUPPORTED or dtype == torch.bool:
         return f"result dtype {dtype}"
-    caps = vendor.capabilities
-    if dtype == torch.float64 and not caps.fp64:
-        return "float64 on a device without fp64"
-    if not caps.int64 and not dtype.is_floating_point:
-        return "integer result needs int64 on the device"
-    return None
+    reason = vendor.capabilities.refusal(dtype)
+    if reason is None and not dtype.is_floating_point and not vendor.capabilities.int64:
+        # An integer result is accumulated in int64 (dtypes.acc_dtype).
+        reason = "integer result needs int64 on the device"
+    return reason
 
 
 def kernel_view(x: torch.Tensor) -> torch.Tensor:
@@ -430,25 +403,3 @@ def part_layout(lay: Layout, buf: torch.Tensor) -> Layout:
     parts = buf.shape[1]
     return Layout(buf, lay.M, parts, lay.K, parts * lay.K, lay.K)
 
-
-def write_out(out: torch.Tensor, result: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
-    """Copy a computed ``result`` into an aten ``out=`` tensor, or hand the call to torch.
-
-    ``out`` must have the result's dtype, device and shape, or be empty (aten resizes
-    an empty ``out``). Anything else (torch casts, warns while resizing, or raises) and
-    ``out`` sharing storage with an input raise :class:`Unsupported` before ``out`` is
-    touched, so torch's own kernel decides.
-    """
-    if out.dtype != result.dtype:
-        raise Unsupported(f"out dtype {out.dtype} differs from the result's {result.dtype}")
-    if out.device != result.device or out.layout != torch.strided:
-        raise Unsupported("out on another device or layout")
-    if out.shape != result.shape and out.numel():
-        raise Unsupported("out has another shape (torch resizes it with a warning)")
-    ptr = out.untyped_storage().data_ptr()
-    if out.numel() and any(t.untyped_storage().data_ptr() == ptr for t in inputs):
-        raise Unsupported("out shares storage with an input")
-    if out.shape != result.shape:
-        out.resize_(result.shape)
-    out.copy_(result)
-    return out

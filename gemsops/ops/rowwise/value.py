@@ -2,7 +2,7 @@
 
 Two kernels serve every op: one reduces the last axis of an (M, N) view, the other the
 middle axis of an (M, N, K) view with K contiguous (``sum(dim=0)`` without a copy);
-:func:`gemsops.ops.reduce_layout.plan` picks the view. Long lines loop over N in
+:func:`gemsops.ops.rowwise.layout.plan` picks the view. Long lines loop over N in
 BLOCK_N chunks with float32 (float64 for float64) or int64 accumulators; long lines with
 few outputs are split across programs and finished by a second launch. Dims no single
 view covers (0 and 2 of a contiguous 3-D tensor) are reduced in two passes over views,
@@ -21,9 +21,9 @@ import triton.language as tl
 from torch import Tensor
 
 from gemshal.autotune import autotune
-from gemsops.ops.reduce_layout import (
+from gemsops.ops.dtypes import acc_dtype
+from gemsops.ops.rowwise.layout import (
     Layout,
-    acc_dtype,
     kernel_view,
     max_identity,
     min_identity,
@@ -35,7 +35,7 @@ from gemsops.ops.reduce_layout import (
     tl_dtype,
     view,
 )
-from gemsops.ops.reduce_tiles import chunk_tile, launch, mid_block, row_block, split_bounds
+from gemsops.ops.rowwise.tiles import chunk_tile, launch, mid_block, row_block, split_bounds
 
 __all__ = ["MAX", "MIN", "PROD", "SUM", "reduce"]
 

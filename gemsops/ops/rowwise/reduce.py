@@ -1,25 +1,26 @@
 """The reductions' public ops: sum, mean, prod, amax, amin and max / min, over any dims.
 
-This module holds torch's rules (result dtypes, errors, ``out=``); the kernels and the
-pass planning are in :mod:`gemsops.ops.reduce_value`. Its :data:`IMPLS` also carries the
-tables of the family's other modules (arg-reductions, var_mean, cumsum), so the registry
-imports one module for them all.
+This module holds torch's rules (result dtypes, errors) and each op's aten declaration;
+the kernels and the pass planning are in :mod:`gemsops.ops.rowwise.value`. The ``out=``
+overloads are derived (:mod:`gemsops.declare`): the result is computed, with every
+check that refuses an input, before anything is written into ``out``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from gemsops.ops import reduce_index, reduce_stats, scan
-from gemsops.ops.reduce_layout import check_dtype, check_input, dim_list, write_out
-from gemsops.ops.reduce_value import MAX, MIN, PROD, SUM, reduce
+from gemsops.declare import op
+from gemsops.ops.rowwise.index import max_dim, min_dim
+from gemsops.ops.rowwise.layout import check_dtype, check_input, dim_list
+from gemsops.ops.rowwise.value import MAX, MIN, PROD, SUM, reduce
 
-__all__ = ["IMPLS", "amax", "amin", "max", "mean", "min", "prod", "sum"]
+__all__ = ["amax", "amin", "max", "mean", "min", "prod", "sum"]
 
 
 def _sum_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
@@ -51,6 +52,7 @@ def _mean_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return result
 
 
+@op("sum.default", "sum.dim_IntList", out=("sum.out", "sum.IntList_out"))
 def sum(
     x: Tensor,
     dim: int | Sequence[int] | None = None,
@@ -74,6 +76,7 @@ def sum(
     return reduce(x, dim_list(dim, x.dim()), keepdim, SUM, out_dtype)
 
 
+@op("mean.default", "mean.dim", out=("mean.dtype_out", "mean.out"))
 def mean(
     x: Tensor,
     dim: int | Sequence[int] | None = None,
@@ -93,6 +96,7 @@ def mean(
     return reduce(x, dims, keepdim, SUM, out_dtype, count=count)
 
 
+@op("prod.default", "prod.dim_int", out=("prod.out", "prod.int_out"))
 def prod(
     x: Tensor, dim: int | None = None, keepdim: bool = False, *, dtype: torch.dtype | None = None
 ) -> Tensor:
@@ -122,6 +126,7 @@ def _extremum(
     return reduce(x, dims, keepdim, op, x.dtype)
 
 
+@op("amax.default", out="amax.out")
 def amax(x: Tensor, dim: int | Sequence[int] = (), keepdim: bool = False) -> Tensor:
     """Largest value over ``dim`` (all dims when empty); nan wins, like ``torch.amax``.
 
@@ -132,71 +137,27 @@ def amax(x: Tensor, dim: int | Sequence[int] = (), keepdim: bool = False) -> Ten
     return _extremum("amax", MAX, x, dim, keepdim)
 
 
+@op("amin.default", out="amin.out")
 def amin(x: Tensor, dim: int | Sequence[int] = (), keepdim: bool = False) -> Tensor:
     """Smallest value over ``dim`` (all dims when empty); nan wins, like ``torch.amin``."""
     return _extremum("amin", MIN, x, dim, keepdim)
 
 
+@op("max.default", out="max.unary_out")
 def max(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
-    """``torch.max``: the largest value of ``x``, or ``(values, indices)`` over ``dim``."""
+    """``torch.max``: the largest value of ``x``, or ``(values, indices)`` over ``dim``.
+
+    aten's ``max.dim`` is :func:`gemsops.ops.rowwise.index.max_dim`.
+    """
     if dim is None:
         return _extremum("max", MAX, x, None, False)
-    return reduce_index.max_dim(x, dim, keepdim)
+    return max_dim(x, dim, keepdim)
 
 
+@op("min.default", out="min.unary_out")
 def min(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """``torch.min``: the smallest value of ``x``, or ``(values, indices)`` over ``dim``."""
     if dim is None:
         return _extremum("min", MIN, x, None, False)
-    return reduce_index.min_dim(x, dim, keepdim)
+    return min_dim(x, dim, keepdim)
 
-
-def _into(out: Tensor, x: Tensor, compute: Callable[[], Tensor]) -> Tensor:
-    check_input(x)
-    return write_out(out, compute(), x)
-
-
-IMPLS: dict[str, Callable[..., Any]] = {
-    "sum.default": lambda self, *, dtype=None: sum(self, None, False, dtype=dtype),
-    "sum.dim_IntList": lambda self, dim, keepdim=False, *, dtype=None: sum(
-        self, dim, keepdim, dtype=dtype
-    ),
-    "sum.IntList_out": lambda self, dim, keepdim=False, *, dtype=None, out: _into(
-        out, self, lambda: sum(self, dim, keepdim, dtype=dtype)
-    ),
-    "sum.out": lambda self, *, dtype=None, out: _into(out, self, lambda: sum(self, dtype=dtype)),
-    "mean.default": lambda self, *, dtype=None: mean(self, None, False, dtype=dtype),
-    "mean.dim": lambda self, dim, keepdim=False, *, dtype=None: mean(
-        self, dim, keepdim, dtype=dtype
-    ),
-    "mean.out": lambda self, dim, keepdim=False, *, dtype=None, out: _into(
-        out, self, lambda: mean(self, dim, keepdim, dtype=dtype)
-    ),
-    "mean.dtype_out": lambda self, *, dtype=None, out: _into(
-        out, self, lambda: mean(self, dtype=dtype)
-    ),
-    "prod.default": lambda self, *, dtype=None: prod(self, dtype=dtype),
-    "prod.dim_int": lambda self, dim, keepdim=False, *, dtype=None: prod(
-        self, dim, keepdim, dtype=dtype
-    ),
-    "prod.int_out": lambda self, dim, keepdim=False, *, dtype=None, out: _into(
-        out, self, lambda: prod(self, dim, keepdim, dtype=dtype)
-    ),
-    "prod.out": lambda self, *, dtype=None, out: _into(out, self, lambda: prod(self, dtype=dtype)),
-    "amax.default": lambda self, dim=(), keepdim=False: amax(self, dim, keepdim),
-    "amax.out": lambda self, dim=(), keepdim=False, *, out: _into(
-        out, self, lambda: amax(self, dim, keepdim)
-    ),
-    "amin.default": lambda self, dim=(), keepdim=False: amin(self, dim, keepdim),
-    "amin.out": lambda self, dim=(), keepdim=False, *, out: _into(
-        out, self, lambda: amin(self, dim, keepdim)
-    ),
-    "max.default": lambda self: max(self),
-    "max.unary_out": lambda self, *, out: _into(out, self, lambda: max(self)),
-    "min.default": lambda self: min(self),
-    "min.unary_out": lambda self, *, out: _into(out, self, lambda: min(self)),
-    **reduce_index.IMPLS,
-    **reduce_stats.IMPLS,
-    **scan.IMPLS,
-}
-"""aten overloads of the reduce family (this module and the ones it imports)."""

@@ -8,7 +8,6 @@ first nan), then the larger (smaller) value, and ties go to the lowest index.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,8 +16,9 @@ import triton.language as tl
 from torch import Tensor
 
 from gemshal.autotune import autotune
+from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops.reduce_layout import (
+from gemsops.ops.rowwise.layout import (
     INDEX_SENTINEL,
     Layout,
     check_input,
@@ -33,11 +33,10 @@ from gemsops.ops.reduce_layout import (
     split,
     tl_dtype,
     wrap_dim,
-    write_out,
 )
-from gemsops.ops.reduce_tiles import chunk_tile, launch, mid_block, row_block, split_bounds
+from gemsops.ops.rowwise.tiles import chunk_tile, launch, mid_block, row_block, split_bounds
 
-__all__ = ["IMPLS", "argmax", "argmin", "max_dim", "min_dim"]
+__all__ = ["argmax", "argmin", "max_dim", "min_dim"]
 
 _SENTINEL = tl.constexpr(INDEX_SENTINEL)
 
@@ -284,6 +283,7 @@ def _arg_reduce(
     return values, indices
 
 
+@op("argmax.default", out="argmax.out")
 def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """Index of the largest value over ``dim`` (of the flattened tensor when None).
 
@@ -296,11 +296,13 @@ def argmax(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     return _arg_reduce("argmax", x, dim, keepdim, True, False)[1]
 
 
+@op("argmin.default", out="argmin.out")
 def argmin(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
     """Index of the smallest value over ``dim``; nan counts as smallest, like ``torch.argmin``."""
     return _arg_reduce("argmin", x, dim, keepdim, False, False)[1]
 
 
+@op("max.dim", out="max.dim_max")
 def max_dim(x: Tensor, dim: int, keepdim: bool = False) -> Any:
     """``torch.max(x, dim)``: ``(values, indices)`` of the largest values along ``dim``."""
     values, indices = _arg_reduce("max", x, dim, keepdim, True, True)
@@ -308,63 +310,10 @@ def max_dim(x: Tensor, dim: int, keepdim: bool = False) -> Any:
     return torch.return_types.max((values, indices))
 
 
+@op("min.dim", out="min.dim_min")
 def min_dim(x: Tensor, dim: int, keepdim: bool = False) -> Any:
     """``torch.min(x, dim)``: ``(values, indices)`` of the smallest values along ``dim``."""
     values, indices = _arg_reduce("min", x, dim, keepdim, False, True)
     assert values is not None  # with_values=True: _arg_reduce allocates them
     return torch.return_types.min((values, indices))
 
-
-def _pair(name: str, is_max: bool, x: Tensor, dim: int, keepdim: bool) -> tuple[Tensor, Tensor]:
-    values, indices = _arg_reduce(name, x, dim, keepdim, is_max, True)
-    assert values is not None
-    return values, indices
-
-
-def _pair_out(
-    name: str,
-    is_max: bool,
-    x: Tensor,
-    dim: int,
-    keepdim: bool,
-    values_out: Tensor,
-    indices_out: Tensor,
-) -> tuple[Tensor, Tensor]:
-    check_input(x)
-    values, indices = _pair(name, is_max, x, dim, keepdim)
-    # Check both outputs before writing either: a refusal must leave both untouched.
-    for out, result in ((values_out, values), (indices_out, indices)):
-        if out.dtype != result.dtype or (out.shape != result.shape and out.numel()):
-            raise Unsupported("out tensors of another dtype or shape")
-    shared = values_out.untyped_storage().data_ptr() == indices_out.untyped_storage().data_ptr()
-    if shared and values_out.numel() and indices_out.numel():
-        raise Unsupported("the two out tensors share storage")
-    return write_out(values_out, values, x), write_out(indices_out, indices, x)
-
-
-def _arg_out(
-    name: str, is_max: bool, x: Tensor, dim: int | None, keepdim: bool, out: Tensor
-) -> Tensor:
-    check_input(x)
-    return write_out(out, _arg_reduce(name, x, dim, keepdim, is_max, False)[1], x)
-
-
-IMPLS: dict[str, Callable[..., Any]] = {
-    "max.dim": lambda self, dim, keepdim=False: _pair("max", True, self, dim, keepdim),
-    "max.dim_max": lambda self, dim, keepdim=False, *, max, max_values: _pair_out(
-        "max", True, self, dim, keepdim, max, max_values
-    ),
-    "min.dim": lambda self, dim, keepdim=False: _pair("min", False, self, dim, keepdim),
-    "min.dim_min": lambda self, dim, keepdim=False, *, min, min_indices: _pair_out(
-        "min", False, self, dim, keepdim, min, min_indices
-    ),
-    "argmax.default": lambda self, dim=None, keepdim=False: argmax(self, dim, keepdim),
-    "argmax.out": lambda self, dim=None, keepdim=False, *, out: _arg_out(
-        "argmax", True, self, dim, keepdim, out
-    ),
-    "argmin.default": lambda self, dim=None, keepdim=False: argmin(self, dim, keepdim),
-    "argmin.out": lambda self, dim=None, keepdim=False, *, out: _arg_out(
-        "argmin", False, self, dim, keepdim, out
-    ),
-}
-"""aten overloads served by this module (merged into gemsops.ops.reduce.IMPLS)."""

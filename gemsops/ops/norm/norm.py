@@ -15,22 +15,22 @@ torch reaches these kernels through ``native_layer_norm`` (every device) and thr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-import triton.language as tl
 from torch import Tensor
 
 import gemshal
+from gemsops.declare import op
 from gemsops.errors import Unsupported
+from gemsops.ops.dtypes import FLOAT_DTYPES, acc_dtype, check_supported, tl_acc
 from gemsops.ops.grid import cdiv
-from gemsops.ops.norm_kernels import KERNELS as _KERNELS
-from gemsops.ops.norm_kernels import column_sum_kernel as _column_sum_kernel
-from gemsops.ops.pointwise_types import check_fp64, holds_large
+from gemsops.ops.norm.kernels import KERNELS as _KERNELS
+from gemsops.ops.norm.kernels import column_sum_kernel as _column_sum_kernel
+from gemsops.ops.pointwise.types import holds_large
 
 __all__ = [
-    "IMPLS",
     "fused_rms_norm",
     "fused_rms_norm_backward",
     "layer_norm",
@@ -39,19 +39,12 @@ __all__ = [
     "rms_norm",
 ]
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _acc(dtype: torch.dtype) -> tuple[Any, torch.dtype]:
-    return (tl.float64, torch.float64) if dtype == torch.float64 else (tl.float32, torch.float32)
-
-
 def _rows(x: Tensor, ns: tuple[int, ...], *params: Tensor | None) -> tuple[int, int]:
     """Check the inputs as the aten kernels do; return (rows, row length).
 
     ``ns`` is the normalized shape as a tuple of ints (from :func:`_shape`).
     """
-    if x.layout != torch.strided or x.dtype not in _FLOATS:
+    if x.layout != torch.strided or x.dtype not in FLOAT_DTYPES:
         raise Unsupported(f"norm of a {x.layout} {x.dtype} tensor")
     shape = x.shape
     k = len(ns)
@@ -60,10 +53,10 @@ def _rows(x: Tensor, ns: tuple[int, ...], *params: Tensor | None) -> tuple[int, 
         raise Unsupported("normalized_shape does not match the input's trailing dims")
     device = x.device
     for p in params:
-        if p is not None and (p.layout != torch.strided or p.dtype not in _FLOATS
+        if p is not None and (p.layout != torch.strided or p.dtype not in FLOAT_DTYPES
                               or p.device != device or p.shape != ns):
             raise Unsupported("weight/bias shape, dtype, layout or device unsupported")
-    check_fp64(x.dtype)
+    check_supported(x.dtype)
     N = math.prod(ns)
     M = x.numel() // N if N else math.prod(shape[: len(shape) - k])
     if N == 0 and M != 0:
@@ -83,7 +76,7 @@ def _consts(pass_: int, rms: bool, dtype: torch.dtype, has_w: bool, has_b: bool
         return _CONSTS[key]
     except KeyError:
         pass
-    acc = _acc(dtype)[0]
+    acc = tl_acc(dtype)
     if pass_ == 0:
         consts = {"IS_RMS": rms, "HAS_W": has_w, "HAS_B": has_b, "ACC": acc}
     elif pass_ == 1:
@@ -141,7 +134,7 @@ def _param_grads(dy2: Tensor, sdy: int, x2: Tensor, sx: int, mean: Tensor, rstd:
                  M: int, N: int, rms: bool, dw_dtype: torch.dtype, db_dtype: torch.dtype | None
                  ) -> tuple[Tensor, Tensor | None]:
     """Column sums: grad_weight = sum(dy * x_hat), grad_bias = sum(dy) over the M rows."""
-    acc_t = _acc(x2.dtype)[1]
+    acc_t = acc_dtype(x2.dtype)
     # Row slices per column block: enough programs to fill the device, slices of >= 32 rows.
     # No rows (M = 0): no partials, and the column sums below write zeros.
     parts = min(cdiv(M, 32), 4 * gemshal.device_of(x2).multiprocessor_count)
@@ -168,7 +161,7 @@ def _backward(dy: Tensor, x: Tensor, normalized_shape: tuple[int, ...], mean: Te
               rstd: Tensor, weight: Tensor | None, bias: Tensor | None,
               mask: Sequence[bool], rms: bool) -> tuple[Tensor | None, ...]:
     M, N = _rows(x, normalized_shape, weight, bias)
-    if dy.shape != x.shape or dy.device != x.device or dy.dtype not in _FLOATS:
+    if dy.shape != x.shape or dy.device != x.device or dy.dtype not in FLOAT_DTYPES:
         raise Unsupported("grad_out does not match the input")
     if any(t is not None and (t.device != x.device or t.numel() != M) for t in (mean, rstd)):
         raise Unsupported("statistics do not match the input")
@@ -208,7 +201,7 @@ def _ln_stat_dtype(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> tor
         if p is not None and p.dtype != x.dtype and not mixed:
             raise Unsupported("weight/bias dtype differs from the input's")
     if not x.is_cpu:
-        return _acc(x.dtype)[1]
+        return acc_dtype(x.dtype)
     # torch's CPU kernel keeps the statistics in the input dtype, or in the parameters'
     # when a half input has fp32 parameters.
     p = weight if weight is not None else bias
@@ -225,7 +218,7 @@ def _check_edges(x: Tensor, N: int) -> None:
     torch. Off the CPU no input is read (a device sync): there such rows give nan
     outputs and rstd.
     """
-    if N and holds_large(x, math.sqrt(torch.finfo(_acc(x.dtype)[1]).max / (4 * N))):
+    if N and holds_large(x, math.sqrt(torch.finfo(acc_dtype(x.dtype)).max / (4 * N))):
         raise Unsupported("an infinite or huge input: torch's statistics depend on its order")
 
 
@@ -235,6 +228,7 @@ def _shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
     return tuple(map(int, normalized_shape))
 
 
+@op("native_layer_norm.default")
 def native_layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,
                       bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """Layer norm over the trailing ``normalized_shape`` dims, with its statistics.
@@ -255,11 +249,12 @@ def native_layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Te
     """
     ns = _shape(normalized_shape)
     stat_dtype = _ln_stat_dtype(input, weight, bias)
-    if input.is_cpu and input.dtype in _FLOATS and input.layout == torch.strided:
+    if input.is_cpu and input.dtype in FLOAT_DTYPES and input.layout == torch.strided:
         _check_edges(input, math.prod(ns))
     return _forward(input, ns, weight, bias, eps, False, stat_dtype)
 
 
+@op("native_layer_norm_backward.default")
 def native_layer_norm_backward(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int],
                                mean: Tensor, rstd: Tensor, weight: Tensor | None,
                                bias: Tensor | None, output_mask: Sequence[bool]
@@ -277,9 +272,13 @@ def native_layer_norm_backward(grad_out: Tensor, input: Tensor, normalized_shape
 
 def _rms_eps(dtype: torch.dtype, eps: float | None) -> float:
     # torch's default: the machine epsilon of the accumulation type (not of the input's).
-    return float(eps) if eps is not None else torch.finfo(_acc(dtype)[1]).eps
+    # A dtype that is not floating has no such epsilon; _rows refuses it.
+    if eps is not None:
+        return float(eps)
+    return torch.finfo(acc_dtype(dtype)).eps if dtype.is_floating_point else 0.0
 
 
+@op("_fused_rms_norm.default")
 def fused_rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,
                    eps: float | None) -> tuple[Tensor, Tensor]:
     """RMS norm with its statistic: ``(out, rstd)``, rstd in fp32 (fp64 for fp64 input).
@@ -288,10 +287,11 @@ def fused_rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tenso
         Unsupported: an input this kernel does not take.
     """
     y, _, rstd = _forward(input, _shape(normalized_shape), weight, None,
-                          _rms_eps(input.dtype, eps), True, _acc(input.dtype)[1])
+                          _rms_eps(input.dtype, eps), True, acc_dtype(input.dtype))
     return y, rstd
 
 
+@op("_fused_rms_norm_backward.default")
 def fused_rms_norm_backward(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int],
                             rstd: Tensor, weight: Tensor | None, output_mask: Sequence[bool]
                             ) -> tuple[Tensor | None, Tensor | None]:
@@ -343,6 +343,7 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+@op()
 def layer_norm(input: Tensor, normalized_shape: int | Sequence[int],
                weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
@@ -367,6 +368,7 @@ def layer_norm(input: Tensor, normalized_shape: int | Sequence[int],
     return native_layer_norm(input, ns, weight, bias, eps)[0]
 
 
+@op()
 def rms_norm(input: Tensor, normalized_shape: int | Sequence[int],
              weight: Tensor | None = None, eps: float | None = None) -> Tensor:
     """``torch.nn.functional.rms_norm`` on gemsops kernels, differentiable.
@@ -389,10 +391,3 @@ def rms_norm(input: Tensor, normalized_shape: int | Sequence[int],
         return _RMSNorm.apply(input, ns, weight, eps)
     return fused_rms_norm(input, ns, weight, eps)[0]
 
-
-IMPLS: dict[str, Callable[..., Any]] = {
-    "native_layer_norm.default": native_layer_norm,
-    "native_layer_norm_backward.default": native_layer_norm_backward,
-    "_fused_rms_norm.default": fused_rms_norm,
-    "_fused_rms_norm_backward.default": fused_rms_norm_backward,
-}

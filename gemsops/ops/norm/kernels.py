@@ -1,4 +1,4 @@
-"""Triton kernels of the norms (see :mod:`gemsops.ops.norm` for the host side).
+"""Triton kernels of the norms (see :mod:`gemsops.ops.norm.norm` for the host side).
 
 Each kernel body serves layer norm and RMS norm (``IS_RMS``) and is jitted once per norm,
 so the two are tuned separately (``layer_norm``, ``rms_norm``, ``*_backward``,

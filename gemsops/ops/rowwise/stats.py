@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -20,11 +19,13 @@ import triton.language as tl
 from torch import Tensor
 
 from gemshal.autotune import autotune
+from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops.pointwise_types import holds_large
-from gemsops.ops.reduce_layout import (
+from gemsops.ops.dtypes import acc_dtype, tl_dtype
+from gemsops.ops.outputs import write_outs
+from gemsops.ops.pointwise.types import holds_large
+from gemsops.ops.rowwise.layout import (
     Layout,
-    acc_dtype,
     check_input,
     dim_list,
     part_buffer,
@@ -32,12 +33,10 @@ from gemsops.ops.reduce_layout import (
     plan,
     reduced_shape,
     split,
-    tl_dtype,
-    write_out,
 )
-from gemsops.ops.reduce_tiles import chunk_tile, launch, mid_block, row_block, split_bounds
+from gemsops.ops.rowwise.tiles import chunk_tile, launch, mid_block, row_block, split_bounds
 
-__all__ = ["IMPLS", "var_mean"]
+__all__ = ["var_mean"]
 
 
 @triton.jit
@@ -200,6 +199,7 @@ _DOF_WARNING = (
 )
 
 
+@op("var_mean.correction")
 def var_mean(
     x: Tensor,
     dim: int | Sequence[int] | None = None,
@@ -265,6 +265,7 @@ def _var_mean(
     return var, mean, no_dof
 
 
+@op("var_mean.correction_out", public=False)
 def _var_mean_out(
     self: Tensor,
     dim: Sequence[int] | None = None,
@@ -274,19 +275,17 @@ def _var_mean_out(
     out0: Tensor,
     out1: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    # Takes aten's var_mean.correction_out arguments as they are (see IMPLS).
-    check_input(self)
+    """aten's ``var_mean.correction_out``, declared directly rather than derived: torch's
+    degrees-of-freedom warning comes after the writes, so a call the writer hands to
+    torch (an ``out`` it would cast or resize) gets torch's warning alone."""
     var, mean, no_dof = _var_mean(self, dim, correction, keepdim)
-    result = write_out(out0, var, self, out1), write_out(out1, mean, self, out0)
-    if no_dof:  # after the writes: a call handed to torch gets torch's warning alone
+    if out0.numel() and out1.numel() and _shares_storage(out0, out1):
+        raise Unsupported("the two out tensors share storage")
+    result = write_outs((out0, out1), (var, mean), self)
+    if no_dof:
         warnings.warn(_DOF_WARNING, UserWarning, stacklevel=2)
-    return result
+    return result[0], result[1]
 
 
-IMPLS: dict[str, Callable[..., Any]] = {
-    "var_mean.correction": lambda self, dim=None, *, correction=None, keepdim=False: var_mean(
-        self, dim, correction=correction, keepdim=keepdim
-    ),
-    "var_mean.correction_out": _var_mean_out,
-}
-"""aten overloads served by this module (merged into gemsops.ops.reduce.IMPLS)."""
+def _shares_storage(a: Tensor, b: Tensor) -> bool:
+    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())

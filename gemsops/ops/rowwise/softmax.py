@@ -10,7 +10,6 @@ An all ``-inf`` line gives nan, like torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,18 +18,14 @@ import triton.language as tl
 from torch import Tensor
 
 from gemshal.autotune import autotune, heuristics
+from gemsops.declare import op
 from gemsops.errors import Unsupported
+from gemsops.ops.dtypes import FLOAT_DTYPES, tl_acc
 from gemsops.ops.grid import next_power_of_2
-from gemsops.ops.reduce_layout import (
-    check_input,
-    line_layout,
-    tl_dtype,
-    wrap_dim,
-    write_out,
-)
-from gemsops.ops.reduce_tiles import launch, mid_block, row_block
+from gemsops.ops.rowwise.layout import check_input, line_layout, wrap_dim
+from gemsops.ops.rowwise.tiles import launch, mid_block, row_block
 
-__all__ = ["IMPLS", "log_softmax", "log_softmax_backward", "softmax", "softmax_backward"]
+__all__ = ["log_softmax", "log_softmax_backward", "softmax", "softmax_backward"]
 
 
 def _block_n(args: dict[str, Any]) -> int:
@@ -254,9 +249,6 @@ def _softmax_backward_mid_kernel(
             tl.store(o_base + n64 * K, dx, mask=mask)
 
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
 _CONSTS: dict[tuple[torch.dtype, bool], dict[str, Any]] = {}
 
 
@@ -265,8 +257,7 @@ def _consts(dtype: torch.dtype, log: bool) -> dict[str, Any]:
     try:
         return _CONSTS[dtype, log]
     except KeyError:
-        acc = tl_dtype(torch.float64 if dtype == torch.float64 else torch.float32)
-        consts = _CONSTS[dtype, log] = {"LOG": log, "ACC": acc}
+        consts = _CONSTS[dtype, log] = {"LOG": log, "ACC": tl_acc(dtype)}
         return consts
 
 
@@ -315,11 +306,12 @@ def _backward(grad: Tensor, y: Tensor, dim: int, input_dtype: torch.dtype, log: 
 
 def _with_dtype(x: Tensor, dtype: torch.dtype | None) -> Tensor:
     check_input(x, floating_only=True)
-    if dtype is not None and dtype not in _FLOATS:
+    if dtype is not None and dtype not in FLOAT_DTYPES:
         raise Unsupported(f"dtype {dtype}")
     return x if dtype is None or dtype == x.dtype else x.to(dtype)
 
 
+@op()
 def softmax(x: Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> Tensor:
     """``exp(x) / sum(exp(x))`` along ``dim``, like ``torch.softmax``.
 
@@ -331,11 +323,13 @@ def softmax(x: Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> Tenso
     return _forward(_with_dtype(x, dtype), dim, False, False)
 
 
+@op()
 def log_softmax(x: Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> Tensor:
     """``x - log(sum(exp(x)))`` along ``dim``, like ``torch.log_softmax``."""
     return _forward(_with_dtype(x, dtype), dim, False, True)
 
 
+@op("_softmax_backward_data.default", out="_softmax_backward_data.out")
 def softmax_backward(
     grad_output: Tensor, output: Tensor, dim: int, input_dtype: torch.dtype
 ) -> Tensor:
@@ -343,6 +337,7 @@ def softmax_backward(
     return _backward(grad_output, output, dim, input_dtype, False)
 
 
+@op("_log_softmax_backward_data.default", out="_log_softmax_backward_data.out")
 def log_softmax_backward(
     grad_output: Tensor, output: Tensor, dim: int, input_dtype: torch.dtype
 ) -> Tensor:
@@ -350,37 +345,15 @@ def log_softmax_backward(
     return _backward(grad_output, output, dim, input_dtype, True)
 
 
-def _out(out: Tensor, compute: Callable[[], Tensor], *inputs: Tensor) -> Tensor:
-    for t in inputs:
-        check_input(t, floating_only=True)
-    return write_out(out, compute(), *inputs)
+# aten's forward overloads take half_to_float instead of a dtype; not public names.
+@op("_softmax.default", out="_softmax.out", public=False)
+def _softmax(x: Tensor, dim: int, half_to_float: bool) -> Tensor:
+    """aten's ``_softmax``: softmax along ``dim``; ``half_to_float`` gives a float32
+    result of a float16 input."""
+    return _forward(x, dim, half_to_float, False)
 
 
-IMPLS: dict[str, Callable[..., Any]] = {
-    "_softmax.default": lambda self, dim, half_to_float: _forward(self, dim, half_to_float, False),
-    "_softmax.out": lambda self, dim, half_to_float, *, out: _out(
-        out, lambda: _forward(self, dim, half_to_float, False), self
-    ),
-    "_log_softmax.default": lambda self, dim, half_to_float: _forward(
-        self, dim, half_to_float, True
-    ),
-    "_log_softmax.out": lambda self, dim, half_to_float, *, out: _out(
-        out, lambda: _forward(self, dim, half_to_float, True), self
-    ),
-    "_softmax_backward_data.default": lambda grad_output, output, dim, input_dtype: _backward(
-        grad_output, output, dim, input_dtype, False
-    ),
-    "_softmax_backward_data.out": lambda grad_output, output, dim, input_dtype, *, grad_input: _out(
-        grad_input,
-        lambda: _backward(grad_output, output, dim, input_dtype, False),
-        grad_output,
-        output,
-    ),
-    "_log_softmax_backward_data.default": lambda grad_output, output, dim, input_dtype: _backward(
-        grad_output, output, dim, input_dtype, True
-    ),
-    "_log_softmax_backward_data.out": lambda grad_output, output, dim, input_dtype, *, out: _out(
-        out, lambda: _backward(grad_output, output, dim, input_dtype, True), grad_output, output
-    ),
-}
-"""aten overloads served by this module."""
+@op("_log_softmax.default", out="_log_softmax.out", public=False)
+def _log_softmax(x: Tensor, dim: int, half_to_float: bool) -> Tensor:
+    """aten's ``_log_softmax``, as :func:`_softmax`."""
+    return _forward(x, dim, half_to_float, True)

@@ -1,7 +1,7 @@
 """What the reduce / scan / softmax kernels share: their tile indexing and their launch.
 
 Every kernel of the family solves one of the two problems of
-:mod:`gemsops.ops.reduce_layout`: in the rows form (``K == 1``) a program takes
+:mod:`gemsops.ops.rowwise.layout`: in the rows form (``K == 1``) a program takes
 BLOCK_M rows of ``x[m, n]``; in the middle form it takes BLOCK_K contiguous columns
 ``k`` of one ``m`` of ``x[m, n, k]`` (grid axis 0 runs over ``M * cdiv(K, BLOCK_K)``
 blocks, ``m`` major). A long line may be split along ``n`` over grid axis 1 into
@@ -20,7 +20,7 @@ import triton.language as tl
 
 import gemshal
 from gemsops.ops.grid import cdiv
-from gemsops.ops.reduce_layout import Layout
+from gemsops.ops.rowwise.layout import Layout
 
 __all__ = ["chunk_tile", "launch", "mid_block", "row_block", "split_bounds"]
 

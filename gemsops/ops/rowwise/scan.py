@@ -8,19 +8,18 @@ and a third scans every part again starting from the totals before it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from gemshal.autotune import autotune
+from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops.reduce_layout import (
+from gemsops.ops.dtypes import acc_dtype
+from gemsops.ops.outputs import write_inplace, write_out
+from gemsops.ops.rowwise.layout import (
     Layout,
-    acc_dtype,
     check_dtype,
     check_input,
     kernel_view,
@@ -30,11 +29,10 @@ from gemsops.ops.reduce_layout import (
     split,
     tl_dtype,
     wrap_dim,
-    write_out,
 )
-from gemsops.ops.reduce_tiles import chunk_tile, launch, mid_block, row_block, split_bounds
+from gemsops.ops.rowwise.tiles import chunk_tile, launch, mid_block, row_block, split_bounds
 
-__all__ = ["IMPLS", "cumsum"]
+__all__ = ["cumsum"]
 
 
 @autotune("cumsum_rows", key=["M", "N"])
@@ -138,7 +136,15 @@ def _launch(
     launch(_cumsum_rows_kernel, _cumsum_mid_kernel, lay, (out, carry_arg), (chunk,), consts, parts)
 
 
-def cumsum(x: Tensor, dim: int, *, dtype: torch.dtype | None = None) -> Tensor:
+@op("cumsum.default", out="cumsum.out", inplace="cumsum_.default")
+def cumsum(
+    x: Tensor,
+    dim: int,
+    *,
+    dtype: torch.dtype | None = None,
+    out: Tensor | None = None,
+    inplace: bool = False,
+) -> Tensor:
     """Cumulative sum along ``dim``, like ``torch.cumsum``.
 
     Integer and bool inputs give int64; half types accumulate in float32.
@@ -147,8 +153,29 @@ def cumsum(x: Tensor, dim: int, *, dtype: torch.dtype | None = None) -> Tensor:
         x: Input tensor.
         dim: The dim to scan.
         dtype: Result dtype; the input is converted to it first.
+        out: Write the result here (aten's ``out=``; with ``inplace``, ``x`` itself).
+        inplace: ``x.cumsum_(dim)``: the result keeps ``x``'s dtype (an integer tensor's
+            int64 accumulation wraps like torch's). Another ``dtype`` and bool tensors
+            are torch's to refuse.
+
+    Raises:
+        Unsupported: an input or ``out`` the kernels do not take (torch's kernel serves
+            it); ``out`` is not written then.
     """
     check_input(x)
+    if inplace:
+        if (dtype is not None and dtype != x.dtype) or x.dtype == torch.bool:
+            raise Unsupported("in-place cumsum to another dtype, or of bool")
+        dtype = x.dtype
+    result = _cumsum(x, dim, dtype)
+    if out is None:
+        return result
+    # The kernel reads a line while writing it, so even in place the scan goes into a
+    # new tensor first and is copied.
+    return write_inplace(out, result) if inplace else write_out(out, result, x)
+
+
+def _cumsum(x: Tensor, dim: int, dtype: torch.dtype | None) -> Tensor:
     d = wrap_dim(dim, x.dim())
     out_dtype = (
         dtype if dtype is not None else (x.dtype if x.dtype.is_floating_point else torch.int64)
@@ -160,7 +187,7 @@ def cumsum(x: Tensor, dim: int, *, dtype: torch.dtype | None = None) -> Tensor:
     acc = acc_dtype(out_dtype)
     exact = x.dtype in (out_dtype, torch.bool) or out_dtype == acc
     if not exact and (x.dtype.is_floating_point or out_dtype.is_floating_point):
-        x = x.to(out_dtype)  # torch converts first; see reduce._reduce
+        x = x.to(out_dtype)  # torch converts first; see value.reduce
     lay = line_layout(kernel_view(x), d)
     parts, chunk = split(lay)
     if parts == 1:
@@ -172,24 +199,3 @@ def cumsum(x: Tensor, dim: int, *, dtype: torch.dtype | None = None) -> Tensor:
     _launch(part_layout(lay, totals), prefix, None, 1, parts, acc, False)
     _launch(lay, out, prefix, parts, chunk, acc, False)
     return out
-
-
-def _cumsum_inplace(self: Tensor, dim: int, dtype: torch.dtype | None) -> Tensor:
-    check_input(self)
-    if (dtype is not None and dtype != self.dtype) or self.dtype == torch.bool:
-        raise Unsupported("in-place cumsum to another dtype, or of bool")
-    # The kernel reads a line while writing it, so scan into a new tensor first; an
-    # integer tensor keeps its dtype (int64 accumulation wraps like torch's).
-    if self.numel():
-        write_out(self, cumsum(self, dim, dtype=self.dtype))
-    return self
-
-
-IMPLS: dict[str, Callable[..., Any]] = {
-    "cumsum.default": lambda self, dim, *, dtype=None: cumsum(self, dim, dtype=dtype),
-    "cumsum.out": lambda self, dim, *, dtype=None, out: write_out(
-        out, cumsum(self, dim, dtype=dtype), self
-    ),
-    "cumsum_.default": lambda self, dim, *, dtype=None: _cumsum_inplace(self, dim, dtype),
-}
-"""aten overloads served by this module (merged into gemsops.ops.reduce.IMPLS)."""
