@@ -51,7 +51,7 @@ from gemshal.tune_rules import HeuristicRule
 __all__ = ["AutotunedKernel", "HeuristicsKernel", "Rule", "autotune", "heuristics", "tuned"]
 
 Rule = Callable[[dict[str, Any]], Any]
-"""A Python heuristic: maps ``{argument name: value}`` to the keyword's value."""
+"""A Python heuristic, mapping ``{argument name: value}`` to the keyword's value."""
 
 _PRUNE_KEYS = ("early_config_prune", "perf_model", "top_k")
 _NO_DTYPE = object()
@@ -59,8 +59,12 @@ AUTOTUNE_ENV = "GEMS_AUTOTUNE"
 
 
 def _tuning_enabled() -> bool:
-    return env_flag(os.environ, AUTOTUNE_ENV, default=True,
-                    meaning=" (0: launch each op's first config, 1: tune)")
+    return env_flag(
+        os.environ,
+        AUTOTUNE_ENV,
+        default=True,
+        meaning=" (0: launch each op's first config, 1: tune)",
+    )
 
 
 def _bucket(value: Any) -> Any:

@@ -104,6 +104,11 @@ def test_derived_out_with_several_outputs_writes_each() -> None:
     result = bound(x, 1, max=values, max_values=indices)
     assert result[0] is values and result[1] is indices
     assert values.tolist() == [5.0, 7.0] and indices.tolist() == [1, 0]
+    storage = torch.zeros(4)  # 16 bytes: two float32 values, then viewed as two int64
+    aliased = torch.empty(0, dtype=torch.int64).set_(storage.untyped_storage(), 0, (2,), (1,))
+    with pytest.raises(Unsupported, match="share storage"):
+        bound(x, 1, max=storage[:2], max_values=aliased)
+    assert storage.tolist() == [0.0] * 4
 
 
 def test_an_implementation_taking_out_and_inplace_is_handed_them() -> None:

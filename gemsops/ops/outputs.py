@@ -52,6 +52,9 @@ def write_outs(outs: Sequence[Tensor], results: Sequence[Tensor],
         raise Unsupported(f"{len(outs)} out tensors for {len(results)} results")
     for out, result in zip(outs, results, strict=True):
         _check_out(out, result, inputs)
+    live = [out for out in outs if out.numel()]
+    if len({out.untyped_storage().data_ptr() for out in live}) < len(live):
+        raise Unsupported("two out tensors share storage")  # torch raises
     for out, result in zip(outs, results, strict=True):
         if out.shape != result.shape:
             out.resize_(result.shape)
