@@ -55,8 +55,9 @@ class Detection:
         return self.stage == "fallback"
 
 
-def env_flag(env: Mapping[str, str], name: str, *, default: bool = False,
-             meaning: str = "") -> bool:
+def env_flag(
+    env: Mapping[str, str], name: str, *, default: bool = False, meaning: str = ""
+) -> bool:
     """Read a 0/1 environment flag; any other value is an error, never ignored.
 
     Args:

@@ -8,7 +8,7 @@ An op is declared once, next to its implementation::
 
 That one line is all gemsops needs: the registry (:func:`gemsops.enable`) serves the
 named overloads with it, and ``gemsops.addmm`` is this function. Declarations are found
-by importing every module under :mod:`gemsops.ops` (and the modules plugins name in the
+by importing every module under ``gemsops.ops`` (and the modules plugins name in the
 ``gemsops.ops`` entry-point group), on first use, after gemshal has picked the device.
 
 **How an overload reaches the implementation.** aten's schema of each overload is read
@@ -17,15 +17,15 @@ keyword-only arguments) is generated that calls the implementation by parameter 
 ``args`` renames a schema argument (``{"input": "self"}``) or drops it (``None``). Where
 the implementation's signature already is the schema's, it is registered as is.
 
-**Derived variants, one writer for each** (:mod:`gemsops.ops.outputs`):
+**Derived variants, one writer for each** (``gemsops.ops.outputs``):
 
 * an ``out=`` overload calls the implementation with ``out`` when it takes an ``out``
   parameter (it writes there itself); otherwise the result is computed and copied into
-  the ``out`` tensor(s) by :func:`~gemsops.ops.outputs.write_out`, which hands the call
-  to torch wherever torch would cast, resize with a warning or raise;
+  the ``out`` tensor(s) by ``gemsops.ops.outputs.write_out``, which hands the call to
+  torch wherever torch would cast, resize with a warning or raise;
 * an in-place overload (``add_.Tensor``) calls the implementation with ``out=self,
   inplace=True`` when it takes an ``inplace`` parameter; otherwise the result is copied
-  into ``self`` by :func:`~gemsops.ops.outputs.write_inplace`.
+  into ``self`` by ``gemsops.ops.outputs.write_inplace``.
 
 **Per-vendor overrides.** ``vendor="amd"`` (and optionally ``arch="gfx942"``, matched
 against the device's arch tag) makes a declaration apply on that vendor only, where it
