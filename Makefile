@@ -11,10 +11,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gemshal-installed
 TEST_STAMP := $(VENV)/.gemshal-test-installed
+DOCS_STAMP := $(VENV)/.gemshal-docs-installed
 TORCH_CPU := torch==2.13.0
 TRITON_CPU := triton==3.9.0
 
-.PHONY: demo test check lint typing bench clean
+.PHONY: demo test check lint typing bench docs clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@if $(PYTHON) -c "import torch, triton" 2>/dev/null; then \
@@ -43,6 +44,18 @@ test: $(TEST_STAMP)
 	$(PY) -m mypy
 	$(PY) -m ruff check gemshal gemsops tests examples
 	$(PY) -m ruff format --check gemshal
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e examples/vendor-plugin
+	$(VENV)/bin/gemshal vendors | grep -q '^anvil '
+	GEMS_VENDOR=anvil $(VENV)/bin/gemsops selftest --ops neg,add,softmax --examples 5
+
+# The API reference (Sphinx + MyST, the `docs` extra): docs/_build/html/index.html.
+# Warnings are errors, as in CI and `tox -e docs`.
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/sphinx-build -n -W --keep-going -b html docs docs/_build/html
 
 bench: $(STAMP)
 	$(PY) -m gemsops bench

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
 from gemshal import tune as _tune
@@ -58,13 +57,7 @@ def _context(args: argparse.Namespace) -> _tune.TuneContext:
     from gemshal.vendor import Arch
 
     info = registry.vendor(args.vendor)
-    return _tune.TuneContext(
-        vendor=info.name,
-        arch=Arch(args.arch).tag,
-        interpreter=info.is_cpu,
-        vendor_dirs=info.tune_dirs,
-        user_file=os.environ.get(_tune.ENV_USER_FILE) or None,
-    )
+    return _tune.context_for(info, Arch(args.arch).tag)
 
 
 def _flat(config: TuneConfig) -> str:
@@ -113,6 +106,7 @@ def _context_dict(ctx: _tune.TuneContext) -> dict[str, Any]:
         "interpreter": ctx.interpreter,
         "vendor_dirs": list(ctx.vendor_dirs),
         "user_file": ctx.user_file,
+        "launch_options": list(ctx.extra_launch_keys),
     }
 
 

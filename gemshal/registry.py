@@ -3,11 +3,12 @@
 A plugin is an installed package with an entry point in the group
 ``gemshal.vendors``. The entry point names either a :class:`VendorInfo` or a
 callable returning one. Plugins are discovered on first use of the registry,
-never at import. A plugin that fails to load is remembered with its error: it
-appears in :func:`plugin_failures`, in the detection trace and in
-``gemshal vendors``, and asking for it by name raises :class:`PluginLoadError` from
-that error. Whatever a plugin raises while it loads (``SystemExit`` included; only
-``KeyboardInterrupt`` passes through) is recorded this way, never ends the process.
+never at import, and loaded in entry-point name order. A plugin that fails to
+load is remembered with its error: it appears in :func:`plugin_failures`, in the
+detection trace and in ``gemshal vendors``, and asking for it by name raises
+:class:`PluginLoadError` from that error. Whatever a plugin raises while it loads
+(``SystemExit`` included; only ``KeyboardInterrupt`` passes through) is recorded
+this way, never ends the process.
 """
 
 from __future__ import annotations
@@ -130,7 +131,9 @@ def _ensure_loaded() -> None:
         for info in BUILTIN:
             if info.name not in _STATE.vendors:
                 _add(info, "gemshal (built-in)")
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        # By entry-point name: the order never depends on where each package is installed.
+        eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        for ep in sorted(eps, key=lambda e: (e.name, e.value)):
             _load_plugin(ep)
         _STATE.loaded = True
 
@@ -195,7 +198,8 @@ def vendor(name: str) -> VendorInfo:
 
 
 def vendors() -> tuple[VendorInfo, ...]:
-    """Every registered vendor: built-ins in detection order, then plugins."""
+    """Every registered vendor: built-ins in detection order, then plugins by name, then
+    vendors added with :func:`register_vendor`."""
     _ensure_loaded()
     return tuple(_STATE.vendors.values())
 

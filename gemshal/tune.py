@@ -32,6 +32,7 @@ import threading
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -44,6 +45,7 @@ from gemshal.tune_format import (
     TuneFile,
     TuneSource,
     loads,
+    unknown_launch_options,
 )
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "add_tune_dir",
     "add_unused_check",
     "clear_cache",
+    "context_for",
     "current_context",
     "list_ops",
     "lookup",
@@ -67,6 +70,9 @@ __all__ = [
 
 ENV_USER_FILE = "GEMS_TUNE_CONFIG"
 """Environment variable naming the user's tuning file, which outranks all others."""
+
+if TYPE_CHECKING:
+    from gemshal.vendor import VendorInfo
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -84,6 +90,9 @@ def _check_extra(_inst: object, _a: object, value: tuple[str, ...]) -> None:
             f"extra launch keys must be lower-case names other than {', '.join(LAUNCH_KEYS)}; "
             f"got {bad!r}"
         )
+    problem = unknown_launch_options(value)
+    if problem:
+        raise ValueError(f"extra launch keys: {problem}")
 
 
 @attrs.frozen
@@ -100,7 +109,9 @@ class TuneContext:
         vendor_dirs: The vendor's own tuning directories (``VendorInfo.tune_dirs``).
         user_file: The user's file (``GEMS_TUNE_CONFIG``), or None.
         extra_launch_keys: Lower-case launch keywords the vendor's Triton accepts
-            beyond ``num_warps``, ``num_stages``, ``num_ctas`` and ``maxnreg``.
+            beyond ``num_warps``, ``num_stages``, ``num_ctas`` and ``maxnreg``
+            (``VendorInfo.launch_options``; each one of
+            :data:`gemshal.tune_format.LAUNCH_OPTIONS`).
     """
 
     vendor: str = attrs.field(validator=attrs.validators.matches_re(_NAME))
@@ -126,7 +137,7 @@ _LOCK = threading.RLock()
 _DIRS: list[_Dir] = []
 # Directories declared through the gemshal.tune_dirs entry-point group, sorted by name.
 _EP_DIRS: list[_Dir] = []
-_FILES: dict[tuple[TuneSource, tuple[str, ...]], TuneFile | None] = {}
+_FILES: dict[tuple[TuneSource, tuple[str, ...], str], TuneFile | None] = {}
 # Every entry name the files in a set of directories define (any vendor), by directories
 # and the user's file (left out of the count).
 _KNOWN: dict[tuple[tuple[Path, ...], Path | None], frozenset[str]] = {}
@@ -190,6 +201,22 @@ def add_unused_check(check: UnusedCheck, *, origin: str) -> None:
         _UNUSED_CHECKS[origin] = check
 
 
+def context_for(info: VendorInfo, arch: str, *, interpreter: bool | None = None) -> TuneContext:
+    """The context of vendor ``info`` on arch tag ``arch``, with ``GEMS_TUNE_CONFIG`` read now.
+
+    The vendor's tuning directories and launch options come from its record;
+    ``interpreter`` defaults to whether the vendor runs kernels on the interpreter.
+    """
+    return TuneContext(
+        vendor=info.name,
+        arch=arch,
+        interpreter=info.is_cpu if interpreter is None else interpreter,
+        vendor_dirs=info.tune_dirs,
+        user_file=os.environ.get(ENV_USER_FILE) or None,
+        extra_launch_keys=info.launch_options,
+    )
+
+
 def current_context() -> TuneContext:
     """The context of the current device, with ``GEMS_TUNE_CONFIG`` read now.
 
@@ -199,13 +226,7 @@ def current_context() -> TuneContext:
     from gemshal import device as _device
 
     dev = _device.current_device()
-    return TuneContext(
-        vendor=dev.vendor.name,
-        arch=dev.arch.tag,
-        interpreter=dev.interpreter,
-        vendor_dirs=dev.vendor.tune_dirs,
-        user_file=os.environ.get(ENV_USER_FILE) or None,
-    )
+    return context_for(dev.vendor, dev.arch.tag, interpreter=dev.interpreter)
 
 
 TUNE_DIRS_GROUP = "gemshal.tune_dirs"
@@ -290,7 +311,7 @@ def _read(path: Path) -> str | None:
 
 
 def _load(source: TuneSource, ctx: TuneContext) -> TuneFile | None:
-    key = (source, ctx.extra_launch_keys)
+    key = (source, ctx.extra_launch_keys, ctx.vendor)
     with _LOCK:
         if key in _FILES:
             return _FILES[key]
@@ -302,7 +323,7 @@ def _load(source: TuneSource, ctx: TuneContext) -> TuneFile | None:
             )
         parsed = None
         if text is not None:
-            parsed = loads(text, source, extra_launch_keys=ctx.extra_launch_keys)
+            parsed = loads(text, source, extra_launch_keys=ctx.extra_launch_keys, vendor=ctx.vendor)
             if source.level == "user":
                 _check_user_entries(parsed, ctx)
         _FILES[key] = parsed

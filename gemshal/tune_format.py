@@ -7,6 +7,7 @@ naming the file, the op and the key at fault. docs/tuning.md describes the forma
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
 import operator
@@ -28,17 +29,21 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT_VERSION",
     "LAUNCH_KEYS",
+    "LAUNCH_OPTIONS",
     "LEVELS",
     "MAX_GRID",
     "MAX_TILE",
     "HeuristicRule",
+    "LaunchOption",
     "OpTuning",
     "Scalar",
     "TuneConfig",
     "TuneFile",
     "TuneSource",
+    "launch_option_problem",
     "loads",
     "parse",
+    "unknown_launch_options",
     "value_problem",
 ]
 
@@ -50,6 +55,138 @@ FORMAT_VERSION = 1
 
 LAUNCH_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 """Launch keywords every config may set (positive integers)."""
+
+
+@attrs.frozen
+class LaunchOption:
+    """A vendor-specific launch keyword gemshal passes through to Triton.
+
+    A config's extra keyword reaches ``JITFunction.run`` beside ``num_warps`` (through
+    ``triton.Config``'s kwargs, or the fixed keywords of a single config), where Triton's
+    backend reads it as a compile option (``backend.parse_options``). Only names listed
+    in :data:`LAUNCH_OPTIONS` may be declared by a vendor (``VendorInfo.launch_options``).
+
+    Attributes:
+        name: The keyword, as the backend's options dataclass spells it.
+        kind: ``"int"`` (a non-negative integer), ``"bool"`` or ``"str"``.
+        backends: The Triton backends (``target.backend``) whose options take it.
+        choices: The values allowed, when the backend allows only a few.
+        doc: One line: what it does.
+    """
+
+    name: str
+    kind: str = attrs.field(validator=attrs.validators.in_(("int", "bool", "str")))
+    backends: tuple[str, ...]
+    choices: tuple[Scalar, ...] = ()
+    doc: str = ""
+
+    def problem(self, value: object) -> str | None:
+        """What is wrong with ``value`` for this option, or None."""
+        if self.kind == "bool":
+            ok = isinstance(value, bool)
+            want = "a boolean"
+        elif self.kind == "int":
+            ok = type(value) is int and value >= 0
+            want = "a non-negative integer"
+        else:
+            ok = isinstance(value, str) and bool(value)
+            want = "a non-empty string"
+        if ok and self.choices and value not in self.choices:
+            ok = False
+            want = "one of " + ", ".join(_show(c) for c in self.choices)
+        if ok:
+            return None
+        return f"launch option {self.name!r} must be {want}{_got(value)}"
+
+
+LAUNCH_OPTIONS: Mapping[str, LaunchOption] = MappingProxyType(
+    {
+        o.name: o
+        for o in (
+            LaunchOption(
+                "enable_fp_fusion",
+                "bool",
+                ("cuda", "hip", "xpu"),
+                doc="fuse multiplies and adds into FMA instructions",
+            ),
+            LaunchOption(
+                "grf_mode",
+                "str",
+                ("xpu",),
+                doc="register file size per thread on Intel GPUs (e.g. 'large')",
+            ),
+            LaunchOption(
+                "kpack",
+                "int",
+                ("hip",),
+                choices=(1, 2),
+                doc="elements packed per K step of AMD matrix instructions",
+            ),
+            LaunchOption(
+                "matrix_instr_nonkdim",
+                "int",
+                ("hip",),
+                choices=(0, 4, 16, 32),
+                doc="M/N size of the AMD matrix instruction (0: the compiler chooses)",
+            ),
+            LaunchOption(
+                "multibuffer",
+                "bool",
+                ("npu",),
+                doc="double-buffer loads on Ascend NPUs",
+            ),
+            LaunchOption(
+                "waves_per_eu",
+                "int",
+                ("hip",),
+                doc="occupancy hint: waves per execution unit on AMD GPUs (0: no hint)",
+            ),
+        )
+    }
+)
+"""Every vendor-specific launch keyword gemshal can pass to Triton, by name (sorted).
+
+These are what "the kernels know": a ``VendorInfo`` may declare any of them in
+``launch_options`` (and none other), and a tuning file may then set them on that
+vendor. ``num_warps``, ``num_stages``, ``num_ctas`` and ``maxnreg``
+(:data:`LAUNCH_KEYS`) are accepted on every vendor and are not declared."""
+
+
+def unknown_launch_options(names: Iterable[object]) -> str | None:
+    """Why ``names`` cannot be a vendor's launch options, or None when every one is known.
+
+    The message names the first offending key and lists the valid ones.
+    """
+    seen: set[str] = set()
+    for name in names:
+        if not isinstance(name, str):
+            return f"launch option names are strings; got {name!r}"
+        if name in LAUNCH_KEYS:
+            return (
+                f"{name!r} is a standard launch keyword, accepted on every vendor; declare "
+                f"only extra ones (known: {', '.join(LAUNCH_OPTIONS)})"
+            )
+        if name not in LAUNCH_OPTIONS:
+            close = difflib.get_close_matches(name, list(LAUNCH_OPTIONS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return (
+                f"unknown launch option {name!r}{hint}: gemshal's kernels can pass only "
+                f"these to Triton: {', '.join(LAUNCH_OPTIONS)} (and, on every vendor, "
+                f"{', '.join(LAUNCH_KEYS)})"
+            )
+        if name in seen:
+            return f"launch option {name!r} is listed twice"
+        seen.add(name)
+    return None
+
+
+def launch_option_problem(key: str, value: object) -> str | None:
+    """What is wrong with ``value`` for the extra launch keyword ``key``, or None."""
+    option = LAUNCH_OPTIONS.get(key)
+    if option is None:
+        return _scalar_problem(key, value)
+    return option.problem(value)
+
 
 LEVELS = ("user", "vendor-arch", "vendor", "default")
 """Source levels, highest precedence first."""
@@ -327,30 +464,57 @@ def _fail(where: str, problem: str) -> NoReturn:
     raise ConfigError(f"{where}: {problem}")
 
 
-def _key_kind(where: str, key: str, extra: Collection[str]) -> str:
+@attrs.frozen
+class _Keys:
+    """The extra launch keywords a file may use here, and whose they are."""
+
+    extra: tuple[str, ...] = ()
+    vendor: str | None = None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.extra
+
+    def accepted(self) -> str:
+        """The launch keywords accepted here, as a sentence fragment."""
+        return ", ".join((*LAUNCH_KEYS, *self.extra))
+
+    def refusal(self, key: str) -> str:
+        """Why ``key``, a known vendor launch option, is refused here."""
+        option = LAUNCH_OPTIONS[key]
+        on = f"vendor {self.vendor!r}" if self.vendor else "this vendor"
+        declared = ", ".join(self.extra) or "none"
+        return (
+            f"launch option {key!r} is not accepted on {on}: its VendorInfo.launch_options "
+            f"declares {declared}, so the launch keywords here are {self.accepted()} "
+            f"({key!r} is an option of Triton's {'/'.join(option.backends)} backend)"
+        )
+
+
+def _key_kind(where: str, key: str, extra: _Keys) -> str:
     if key in LAUNCH_KEYS:
         return "launch"
     if key in extra:
         return "extra"
     if _META.match(key):
         return "meta"
-    launch = ", ".join((*LAUNCH_KEYS, *extra))
+    if key in LAUNCH_OPTIONS:
+        _fail(where, extra.refusal(key))
     _fail(
         where,
         f"unknown key {key!r}: meta-parameters start with an upper-case letter "
-        f"(BLOCK_N), launch keywords are {launch}",
+        f"(BLOCK_N), launch keywords are {extra.accepted()}",
     )
 
 
-def _check_item(where: str, key: str, value: object, extra: Collection[str]) -> str:
+def _check_item(where: str, key: str, value: object, extra: _Keys) -> str:
     kind = _key_kind(where, key, extra)
-    problem = _scalar_problem(key, value) if kind == "extra" else value_problem(key, value)
+    problem = launch_option_problem(key, value) if kind == "extra" else value_problem(key, value)
     if problem:
         _fail(where, problem)
     return kind
 
 
-def _config(where: str, table: object, extra: Collection[str]) -> TuneConfig:
+def _config(where: str, table: object, extra: _Keys) -> TuneConfig:
     if not isinstance(table, dict):
         _fail(where, f"a config must be a table; got {_type_name(table)} {_show(table)}")
     if not table:
@@ -364,7 +528,7 @@ def _config(where: str, table: object, extra: Collection[str]) -> TuneConfig:
     return TuneConfig(meta=meta, launch=more, **launch)
 
 
-def _configs(where: str, value: object, extra: Collection[str]) -> tuple[TuneConfig, ...]:
+def _configs(where: str, value: object, extra: _Keys) -> tuple[TuneConfig, ...]:
     if not isinstance(value, list) or not value:
         _fail(f"{where} key 'configs'", "must be a non-empty array of tables")
     out: list[TuneConfig] = []
@@ -378,7 +542,7 @@ def _configs(where: str, value: object, extra: Collection[str]) -> tuple[TuneCon
     return tuple(out)
 
 
-def _grid(where: str, value: object, extra: Collection[str]) -> tuple[TuneConfig, ...]:
+def _grid(where: str, value: object, extra: _Keys) -> tuple[TuneConfig, ...]:
     here = f"{where} grid"
     if not isinstance(value, dict) or not value:
         _fail(here, "'grid' must be a non-empty table of arrays")
@@ -407,7 +571,7 @@ def _location(source: TuneSource, op: str) -> str:
     return f"{source.path}: [ops.{op}]" if _NAME.match(op) else f'{source.path}: [ops."{op}"]'
 
 
-def _op(source: TuneSource, op: str, table: object, extra: Collection[str]) -> OpTuning:
+def _op(source: TuneSource, op: str, table: object, extra: _Keys) -> OpTuning:
     where = _location(source, op)
     if not isinstance(table, dict):
         _fail(where, f"must be a table; got {_type_name(table)} {_show(table)}")
@@ -431,30 +595,46 @@ def _op(source: TuneSource, op: str, table: object, extra: Collection[str]) -> O
     rules = parse_rules(where, table["heuristics"]) if "heuristics" in table else ()
     for rule in rules:
         # A constant rule is a value like a config's; computed ones are checked by the kernel.
-        if not isinstance(rule.expr, str | Call) and (
-            _META.match(rule.name) or rule.name in LAUNCH_KEYS
-        ):
+        if isinstance(rule.expr, str | Call):
+            continue
+        if _META.match(rule.name) or rule.name in LAUNCH_KEYS:
             problem = value_problem(rule.name, rule.expr)
-            if problem:
-                _fail(f"{where} heuristics", problem)
+        elif rule.name in extra:
+            problem = launch_option_problem(rule.name, rule.expr)
+        elif rule.name in LAUNCH_OPTIONS:
+            problem = extra.refusal(rule.name)
+        else:
+            problem = None
+        if problem:
+            _fail(f"{where} heuristics", problem)
     return OpTuning(op, source, configs, pinned, rules)
 
 
 def parse(
-    data: Mapping[str, Any], source: TuneSource, *, extra_launch_keys: Collection[str] = ()
+    data: Mapping[str, Any],
+    source: TuneSource,
+    *,
+    extra_launch_keys: Collection[str] = (),
+    vendor: str | None = None,
 ) -> TuneFile:
     """Turn one decoded TOML document into a :class:`TuneFile`.
 
     Args:
         data: The document, as ``tomllib`` returns it.
         source: Where it came from (named in every error).
-        extra_launch_keys: Lower-case launch keywords the vendor accepts beyond
-            :data:`LAUNCH_KEYS`.
+        extra_launch_keys: The vendor's launch options (``VendorInfo.launch_options``):
+            launch keywords it accepts beyond :data:`LAUNCH_KEYS`, each one of
+            :data:`LAUNCH_OPTIONS`.
+        vendor: The vendor's name, for error messages.
 
     Raises:
-        ConfigError: the document breaks the format; the message names the file,
-            the op and the key.
+        ConfigError: the document breaks the format (a launch option the vendor does
+            not declare among them); the message names the file, the op and the key.
     """
+    problem = unknown_launch_options(extra_launch_keys)
+    if problem:
+        raise ConfigError(f"{source.path}: vendor {vendor or '?'}: {problem}")
+    keys = _Keys(tuple(extra_launch_keys), vendor)
     where = str(source.path)
     unknown = sorted(set(data) - set(_TOP_KEYS))
     if unknown:
@@ -468,11 +648,17 @@ def parse(
     ops = data.get("ops", {})
     if not isinstance(ops, dict):
         _fail(where, f"key 'ops' must be a table; got {_type_name(ops)}")
-    entries = {op: _op(source, op, table, extra_launch_keys) for op, table in ops.items()}
+    entries = {op: _op(source, op, table, keys) for op, table in ops.items()}
     return TuneFile(source, frozenset(unused), MappingProxyType(entries))
 
 
-def loads(text: str, source: TuneSource, *, extra_launch_keys: Collection[str] = ()) -> TuneFile:
+def loads(
+    text: str,
+    source: TuneSource,
+    *,
+    extra_launch_keys: Collection[str] = (),
+    vendor: str | None = None,
+) -> TuneFile:
     """Parse TOML text as a tuning file (see :func:`parse`).
 
     Raises:
@@ -483,4 +669,4 @@ def loads(text: str, source: TuneSource, *, extra_launch_keys: Collection[str] =
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source.path}: invalid TOML: {exc}") from exc
-    return parse(data, source, extra_launch_keys=extra_launch_keys)
+    return parse(data, source, extra_launch_keys=extra_launch_keys, vendor=vendor)

@@ -39,6 +39,18 @@ def _check_name(_inst: object, attribute: attrs.Attribute[str], value: str) -> N
         )
 
 
+def _check_launch_options(
+    inst: object, _attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+) -> None:
+    from gemshal.errors import ConfigError
+    from gemshal.tune_format import unknown_launch_options
+
+    problem = unknown_launch_options(value)
+    if problem:
+        name = getattr(inst, "name", "?")
+        raise ConfigError(f"vendor {name!r}: launch_options: {problem}")
+
+
 def _check_nonempty_strs(
     _inst: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
 ) -> None:
@@ -101,6 +113,15 @@ class VendorInfo:
         probe: The in-process probe, or None for vendors only chosen explicitly.
         tune_dirs: Extra directories of tuning files this vendor ships (plugins).
         warp_size: Threads per warp/wavefront when the runtime does not say.
+        launch_options: Launch keywords its Triton accepts beyond ``num_warps``,
+            ``num_stages``, ``num_ctas`` and ``maxnreg`` (AMD: ``waves_per_eu``,
+            ``matrix_instr_nonkdim``, ``kpack``), each one of
+            :data:`gemshal.tune_format.LAUNCH_OPTIONS`; tuning files may set them on
+            this vendor only, and they reach Triton as compile options.
+
+    Raises:
+        ConfigError: ``launch_options`` names a keyword gemshal cannot pass to Triton
+            (the message names it and lists the valid ones).
     """
 
     name: str = attrs.field(validator=_check_name)
@@ -119,6 +140,9 @@ class VendorInfo:
     probe: Probe | None = attrs.field(default=None, repr=False)
     tune_dirs: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     warp_size: int = attrs.field(default=32, validator=attrs.validators.gt(0))
+    launch_options: tuple[str, ...] = attrs.field(
+        default=(), converter=_str_tuple, validator=_check_launch_options
+    )
 
     @property
     def is_cpu(self) -> bool:

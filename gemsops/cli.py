@@ -43,15 +43,30 @@ def _ops(args: argparse.Namespace) -> int:
     from gemsops import registry
 
     impls = registry.implementations()
+    overrides = registry.overrides()
+    vendor = gemshal.current_vendor().name
     if args.json:
-        print(json.dumps(sorted(impls), indent=2))
+        if args.sources:
+            print(json.dumps({o: registry.source(o) for o in sorted(impls)}, indent=2))
+        else:
+            print(json.dumps(sorted(impls), indent=2))
+        return 0
+    if args.sources:
+        width = max((len(o) for o in impls), default=0)
+        for overload in sorted(impls):
+            print(f"{overload:<{width}}  {registry.source(overload)}")
         return 0
     by_op: dict[str, list[str]] = {}
     for overload in sorted(impls):
-        by_op.setdefault(registry.base_name(overload), []).append(overload)
+        shown = f"{overload}*" if overload in overrides else overload
+        by_op.setdefault(registry.base_name(overload), []).append(shown)
     for op, overloads in by_op.items():
         print(f"{op:<28} {', '.join(overloads)}")
     print(f"{len(by_op)} ops, {len(impls)} aten overloads")
+    if overrides:
+        print(f"* served by a vendor override on {vendor} ({len(overrides)}):")
+        for overload, where in overrides.items():
+            print(f"  {overload:<26} {where}")
     return 0
 
 
@@ -65,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
     ops = sub.add_parser("ops", help="the aten ops and overloads gemsops implements")
     ops.add_argument("--json", action="store_true", help="machine-readable output")
+    ops.add_argument(
+        "--sources",
+        action="store_true",
+        help="each overload with the implementation serving it (module.function [vendor])",
+    )
     ops.set_defaults(run=_ops)
     from gemsops import bench, selftest
 

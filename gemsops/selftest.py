@@ -299,6 +299,7 @@ def _mismatch(case: Case, args: Args, tally: registry.CallRecord) -> str | None:
             return None  # torch refuses these inputs too: not a property of gemsops
         tally.served.update(rec.served)
         tally.fallbacks.update(rec.fallbacks)
+        tally.overrides.update(rec.overrides)
         if isinstance(actual, Exception):
             return _one_line(actual)
         try:
@@ -356,11 +357,14 @@ def check(case: Case, dtype: torch.dtype, *, examples: int) -> Row:
         return Row(case.op, name, "handed back", calls, "; ".join(reasons)[:300])
     if not rec.served:
         return Row(case.op, name, "not implemented", calls, "no example reached gemsops")
-    note = ""
+    notes = []
+    if rec.overrides:
+        by = sorted(set(rec.overrides.values()))
+        notes.append("served by vendor override " + ", ".join(by))
     if handed:
         total = handed + sum(rec.served.values())
-        note = f"{handed} of {total} calls handed back: " + "; ".join(reasons)
-    return Row(case.op, name, "passed", calls, note[:300])
+        notes.append(f"{handed} of {total} calls handed back: " + "; ".join(reasons))
+    return Row(case.op, name, "passed", calls, "; ".join(notes)[:300])
 
 
 def run(
@@ -457,6 +461,8 @@ def main(args: argparse.Namespace) -> int:
     cases, dtypes = _selected(args)
     dev = gemshal.current_device()
     print(f"gemsops selftest on {dev.vendor.display_name} ({dev.name}), {args.examples} examples")
+    for overload, where in registry.overrides().items():
+        print(f"vendor override: {overload} <- {where}")
     print(_HEADER)
     start = time.perf_counter()
     rows = run(

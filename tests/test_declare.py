@@ -30,7 +30,7 @@ def test_bad_overload_names_are_refused_with_the_expected_form() -> None:
     """op() names the malformed overload and shows the 'op.overload' form."""
     with pytest.raises(DeclarationError, match=r"'neg'.*'op.overload'"):
         declare.op("neg")
-    with pytest.raises(DeclarationError, match="'a.b.c'"):
+    with pytest.raises(DeclarationError, match=r"'a\.b\.c'"):
         declare.op("neg.default", out="a.b.c")
     with pytest.raises(DeclarationError, match="needs a vendor"):
         declare.op("neg.default", arch="sm90")
@@ -163,7 +163,7 @@ def test_a_missing_parameter_is_named_with_the_fix() -> None:
     """A schema argument the function lacks fails at binding, naming both and the remedy."""
     with pytest.raises(DeclarationError, match=r"no parameter 'other'.*args="):
         declare.bind(_decl(_negate, "add.Tensor"), "add.Tensor")
-    with pytest.raises(DeclarationError, match="no aten overload 'nosuchop.default'"):
+    with pytest.raises(DeclarationError, match=r"no aten overload 'nosuchop\.default'"):
         declare.bind(_decl(_negate, "nosuchop.default"), "nosuchop.default")
     with pytest.raises(DeclarationError, match="has no out argument"):
         declare.bind(_decl(_negate, out=("neg.default",)), "neg.default")

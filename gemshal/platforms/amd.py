@@ -21,4 +21,5 @@ VENDOR = VendorInfo(
     command_probe=("rocm-smi", "--showproductname"),
     probe=functools.partial(_probes.rocm, hygon=False),
     warp_size=64,
+    launch_options=("waves_per_eu", "matrix_instr_nonkdim", "kpack"),
 )

@@ -246,5 +246,6 @@ def test_out_dtype_mismatch_is_unsupported() -> None:
     """An out tensor of another dtype is torch's to reject; no output is touched first."""
     out = torch.zeros(2, 2, dtype=torch.float64, device=DEV)
     with pytest.raises(Unsupported):
-        implementations()["mm.out"](torch.ones(2, 2, device=DEV), torch.ones(2, 2, device=DEV), out=out)
+        ones = torch.ones(2, 2, device=DEV)
+        implementations()["mm.out"](ones, ones, out=out)
     assert bool((out == 0).all())
