@@ -195,7 +195,7 @@ MAX_GRID = 4096
 """The most configs one grid may expand to; more is almost surely a typo."""
 
 MAX_TILE = 1 << 20
-"""The largest tile size a file may give: the most elements Triton allows in one tensor
+"""The largest tile size a file may give, the most elements Triton allows in one tensor
 (``triton.language.TRITON_MAX_TENSOR_NUMEL``)."""
 
 _TOP_KEYS = ("version", "unused", "ops")
@@ -430,7 +430,7 @@ class OpTuning:
 
     @property
     def pinned(self) -> TuneConfig | None:
-        """The config used under the interpreter: ``interpreter``, else the first config."""
+        """The config used under the interpreter (``interpreter``, else the first config)."""
         return self.interpreter or (self.configs[0] if self.configs else None)
 
     def as_dict(self) -> dict[str, object]:

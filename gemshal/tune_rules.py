@@ -23,7 +23,7 @@ from gemshal.errors import ConfigError
 __all__ = ["FUNCTIONS", "Call", "Expr", "HeuristicRule", "parse_rules"]
 
 Expr: TypeAlias = "int | float | bool | str | Call"
-"""A heuristic expression: a constant, a kernel-argument name, or a :class:`Call`."""
+"""A heuristic expression, which is a constant, a kernel-argument name, or a :class:`Call`."""
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

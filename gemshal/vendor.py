@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["Arch", "Capabilities", "Probe", "VendorInfo"]
 
 Probe = Callable[["Facts"], "Claim | None"]
-"""A vendor's in-process probe: looks at the facts, returns a claim or None."""
+"""A vendor's in-process probe, which looks at the facts and returns a claim or None."""
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _DIST_BACKENDS = ("nccl", "rccl", "xccl", "hccl", "cncl", "mccl", "bkcl", "gloo")
@@ -183,7 +183,7 @@ class Arch:
 
     @property
     def tag(self) -> str:
-        """File-name form: ``sm90`` for capability (9, 0), else the lower-cased name."""
+        """The file-name form (``sm90`` for capability (9, 0), else the lower-cased name)."""
         name = self.name.split(":", 1)[0].strip().lower()
         return re.sub(r"[^a-z0-9_]+", "-", name).strip("-") or "unknown"
 
