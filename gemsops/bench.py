@@ -137,6 +137,33 @@ def _embedding(tokens: int, vocab: int, dim: int, dtype: torch.dtype) -> BenchCa
     )
 
 
+def _attention(b: int, hq: int, hkv: int, lq: int, lk: int, d: int, dtype: torch.dtype, *,
+               causal: bool, backward: bool) -> BenchCase:
+    """F.scaled_dot_product_attention (SDPA's flash / efficient overloads), forward or
+    forward + backward; FLOPs as flash attention counts them (backward 2.5x the forward,
+    halved when causal)."""
+
+    def make(dev: torch.device) -> Thunk:
+        q = torch.randn(b, hq, lq, d, device=dev, dtype=dtype, requires_grad=backward)
+        k = torch.randn(b, hkv, lk, d, device=dev, dtype=dtype, requires_grad=backward)
+        v = torch.randn(b, hkv, lk, d, device=dev, dtype=dtype, requires_grad=backward)
+        gqa = hq != hkv
+        if not backward:
+            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                          enable_gqa=gqa)
+        g = torch.randn(b, hq, lq, d, device=dev, dtype=dtype)
+        return lambda: torch.autograd.grad(
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa),
+            (q, k, v), g)
+
+    fwd = 4 * b * hq * lq * lk * d // (2 if causal else 1)
+    heads = f"{hq}" if hq == hkv else f"{hq}/{hkv}"
+    label = (f"sdpa{' causal' if causal else ''} {'fwd+bwd' if backward else 'fwd'} "
+             f"{b}x{heads}x{lq}x{lk}x{d}")
+    return BenchCase("attention", label, dtype, make,
+                     flops=fwd * 7 // 2 if backward else fwd)
+
+
 def cases(*, tiny: bool) -> list[BenchCase]:
     """The benchmark suite: the reference table's rows plus LLM-shaped ones."""
     bf16, f32 = torch.bfloat16, torch.float32
@@ -146,6 +173,7 @@ def cases(*, tiny: bool) -> list[BenchCase]:
             _rows("softmax", lambda x: torch.softmax(x, -1), 4, 64, f32),
             _rows("sum", lambda x: x.sum(-1), 4, 64, f32, out_numel=4),
             _mm("mm", 1, 16, 16, 16, f32),
+            _attention(1, 2, 2, 32, 32, 16, f32, causal=True, backward=False),
         ]
     return [
         _pointwise("add", torch.add, 2**28, bf16, 2),
@@ -174,6 +202,11 @@ def cases(*, tiny: bool) -> list[BenchCase]:
         _mm("mm", 1, 1, 4096, 4096, bf16),
         _mm("addmm", 1, 4096, 4096, 4096, bf16),
         _mm("bmm", 64, 2048, 2048, 128, bf16),
+        # Attention: a training step's shapes (causal), and decode (one query, a long
+        # cache, grouped-query heads).
+        _attention(4, 16, 16, 2048, 2048, 128, bf16, causal=True, backward=False),
+        _attention(4, 16, 16, 2048, 2048, 128, bf16, causal=True, backward=True),
+        _attention(4, 32, 8, 1, 4096, 128, bf16, causal=False, backward=False),
     ]
 
 

@@ -1,6 +1,7 @@
-"""Copies: ``clone`` and ``cat``, on the pointwise generator's identity op.
+"""Copies: ``clone``, ``cat``, dtype conversions (``_to_copy``) and ``copy_``, on the
+pointwise generator's identity op.
 
-Both are memory copies, so neither has a kernel of its own: each is the pointwise
+All are memory copies, so none has a kernel of its own: each is the pointwise
 ``COPY`` op (:data:`gemsops.ops.pointwise.arith.COPY`, the identity element function)
 run by :func:`gemsops.ops.pointwise.iterator.run` into a strided output. That gives
 the flat kernel (one vectorised sweep) where input and output share a dense layout,
@@ -13,6 +14,15 @@ the strided kernel otherwise, and torch's dtype conversions for free.
   into its slice of the output (``out.narrow(dim, offset, size)``), one launch per
   non-empty input. 1-D tensors of shape ``(0,)`` are skipped, as torch's legacy rule
   does (they take part in the dtype and memory format all the same).
+* ``_to_copy`` (what ``x.to(dtype)``, ``x.float()``, ``x.to(memory_format=...)`` reach)
+  allocates as aten's does (preserve: ``x``'s strides when it is dense, else its dense
+  stride order; or the requested format) and copies with the cast. Another device,
+  pinned memory or another layout is torch's business.
+* ``copy_`` writes ``src`` into ``self``, broadcast and cast to ``self``'s dtype.
+
+The casts are torch's (c10's ``static_cast``): floats truncate into integers, nonzero is
+``True``, half types round through float32, and a float becomes ``uint8`` through
+``int64`` (so ``-1.0`` is 255, as torch has it on every device).
 
 Everything torch would refuse, and what the kernels do not take (complex and other
 dtypes, non-strided layouts, mixed devices, channels-last ``clone``), is refused with
@@ -28,6 +38,7 @@ import torch
 from torch import Tensor
 from torch._prims_common import suggest_memory_format
 
+import gemshal
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import TL_DTYPES, check_supported
@@ -35,7 +46,7 @@ from gemsops.ops.pointwise.arith import COPY
 from gemsops.ops.pointwise.iterator import run
 from gemsops.ops.pointwise.types import device_type
 
-__all__ = ["cat", "clone"]
+__all__ = ["cat", "clone", "copy_", "to_copy"]
 
 # The formats the copy keeps exactly as torch allocates them; channels-last clones are
 # left to torch (a real model's backward never asks for one).
@@ -156,3 +167,177 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         offset += size
     return out
 
+
+
+# --- casts: _to_copy and copy_ ----------------------------------------------------
+
+
+def cast_into(out: Tensor, src: Tensor) -> Tensor:
+    """Write ``src`` (broadcast to ``out``'s shape) into ``out``, cast as torch's copy casts.
+
+    Raises:
+        Unsupported: shapes that do not broadcast to ``out``'s, an output with
+            overlapping elements or one partly overlapping ``src`` (torch raises), or a
+            dtype the kernels do not take.
+    """
+    if src.dtype == out.dtype:
+        common = None
+    elif out.dtype == torch.uint8 and src.dtype.is_floating_point:
+        common = torch.int64  # c10 converts floats to uint8 through int64 (-1.0 -> 255)
+    else:
+        common = out.dtype  # any cast: the source is converted to the output's dtype
+    # A 0-dim source is read as a one-element tensor: the generator would take a 0-dim
+    # CPU tensor as a Python number, which skips the cast to the common dtype.
+    if src.dim() == 0:
+        src = src.view(1)
+    run(COPY, (src,), out=out.view(1) if out.dim() == 0 else out, inplace=True, common=common)
+    return out
+
+
+def _dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """c10's ``is_non_overlapping_and_dense``: the elements fill one block exactly once."""
+    if len(shape) == 1:
+        return shape[0] < 2 or strides[0] == 1
+    dims = sorted((d for d in range(len(shape)) if shape[d] >= 2), key=lambda d: strides[d])
+    expected = 1
+    for d in dims:
+        if strides[d] != expected:
+            return False
+        expected *= shape[d]
+    return True
+
+
+def dense_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
+    """aten's ``infer_dense_strides``: dense strides in the memory order of ``strides``
+    (TensorIterator's stable sort; stride-0 dims keep their place)."""
+    n = len(shape)
+    if n == 0:
+        return ()
+    if n == 1:
+        return (1,)
+    perm = list(range(n - 1, -1, -1))
+
+    def should_swap(d0: int, d1: int) -> int:
+        s0, s1 = strides[d0], strides[d1]
+        if s0 == 0 or s1 == 0:
+            return 0
+        if s0 != s1:
+            return -1 if s0 < s1 else 1
+        return 1 if shape[d0] > shape[d1] else 0
+
+    for i in range(1, n):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    out = [0] * n
+    step = 1
+    for d in perm:
+        out[d] = step
+        if shape[d] > 1:
+            step *= shape[d]
+    return tuple(out)
+
+
+def _same_device(x: Tensor, device: torch.device | str | int | None) -> bool:
+    """Whether ``device`` (``None``, or a device with or without an index) is ``x``'s."""
+    if device is None:
+        return True
+    target = torch.device(device)
+    if target.type != x.device.type:
+        return False
+    index: int | None = x.device.index
+    wanted: int | None = target.index
+    if wanted is None:  # aten's ensure_has_index: the current device
+        return index is None or gemshal.current_device().index == index
+    return wanted == (index or 0)
+
+
+_CHANNELS_RANK = {torch.channels_last: 4, torch.channels_last_3d: 5}
+
+
+@op("_to_copy.default", name="to_copy")
+def to_copy(x: Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None,
+            device: torch.device | str | None = None, pin_memory: bool | None = None,
+            non_blocking: bool = False,
+            memory_format: torch.memory_format | None = None) -> Tensor:
+    """A copy of ``x`` converted to ``dtype`` and laid out as aten's ``_to_copy`` lays it out.
+
+    Args:
+        x: The tensor to convert (any strides, 0-dim and empty included).
+        dtype: The result dtype (``x``'s when None).
+        layout: ``None`` or ``torch.strided``.
+        device: ``None`` or ``x``'s own device (an index-less name means the current one).
+        pin_memory: ``None`` or ``False``.
+        non_blocking: Accepted: a copy on one device is ordered on its stream anyway.
+        memory_format: ``None`` or ``torch.preserve_format`` (``x``'s strides when it is
+            non-overlapping and dense, else dense strides in ``x``'s memory order),
+            ``torch.contiguous_format``, ``torch.channels_last`` (4-D) or
+            ``torch.channels_last_3d`` (5-D).
+
+    Returns:
+        The converted copy (see the module docstring for the casts).
+
+    Raises:
+        Unsupported: another device, pinned memory, another layout or memory format, a
+            channels-last format of the wrong rank (torch raises), or a dtype the kernels
+            do not take.
+    """
+    if layout is not None and layout != torch.strided:
+        raise Unsupported(f"_to_copy to layout {layout}")
+    _check_input(x, "_to_copy")
+    if pin_memory:
+        raise Unsupported("_to_copy into pinned memory")
+    if not _same_device(x, device):
+        raise Unsupported(f"_to_copy from {x.device} to {device}")
+    target = x.dtype if dtype is None else dtype
+    if target not in TL_DTYPES:
+        raise Unsupported(f"_to_copy to dtype {target}")
+    check_supported(target)
+    fmt = torch.preserve_format if memory_format is None else memory_format
+    if fmt == torch.preserve_format:
+        shape, strides = tuple(x.shape), x.stride()
+        if not _dense(shape, strides):
+            strides = dense_strides(shape, strides)
+        out = torch.empty_strided(shape, strides, dtype=target, device=x.device)
+    elif fmt == torch.contiguous_format or x.dim() == _CHANNELS_RANK.get(fmt):
+        out = torch.empty(x.shape, dtype=target, device=x.device, memory_format=fmt)
+    else:
+        raise Unsupported(f"_to_copy of a {x.dim()}-dim tensor to {fmt}")
+    if out.numel():
+        cast_into(out, x)
+    return out
+
+
+@op("copy_.default")
+def copy_(self: Tensor, src: Tensor, non_blocking: bool = False) -> Tensor:
+    """Write ``src`` into ``self``, broadcast to ``self``'s shape and cast to its dtype.
+
+    Args:
+        self: The tensor written (any strides without overlapping elements).
+        src: The values, on ``self``'s device, broadcastable to ``self``'s shape.
+        non_blocking: Accepted: a copy on one device is ordered on its stream anyway.
+
+    Returns:
+        ``self``.
+
+    Raises:
+        Unsupported: ``src`` on another device (torch copies across devices), shapes
+            that do not broadcast to ``self``'s, an output with overlapping elements or
+            partly overlapping ``src`` (torch raises), or dtypes the kernels do not take.
+    """
+    _check_input(self, "copy_")
+    _check_input(src, "copy_ source")
+    if src.device != self.device:
+        raise Unsupported(f"copy_ from {src.device} to {self.device}")
+    if src is self or (
+        src.dtype == self.dtype and src.data_ptr() == self.data_ptr()
+        and src.shape == self.shape and src.stride() == self.stride()
+    ):
+        return self  # the same elements: aten returns at once
+    cast_into(self, src)
+    return self

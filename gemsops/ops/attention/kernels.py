@@ -1,0 +1,309 @@
+"""Flash-attention kernels: forward with online softmax, backward without atomics.
+
+Layout: every tensor is read through its (batch, head, row, col) strides, so the
+transposed views SDPA hands over ([B, L, H, D] memory seen as [B, H, L, D]) are never
+copied, and a broadcast attention bias has stride 0 on its broadcast dims. Query head
+``h`` reads key/value head ``h // GROUP`` (grouped-query attention).
+
+Scores are kept in base 2: ``s2 = (q . k) * scale * log2(e) + bias * log2(e)``, so the
+softmax uses ``exp2``; the saved logsumexp is in natural units (what torch's kernels
+save, so torch's backward can be paired with this forward). Causal masking is
+top-left aligned (key ``j`` is visible to query ``i`` when ``j <= i``), as torch's
+``is_causal``. A row that sees no key gives a zero output and a logsumexp of -inf.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from gemshal.autotune import autotune
+
+__all__ = ["attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel", "attention_bwd_pre_kernel",
+           "attention_fwd_kernel"]
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+
+
+@autotune("attention_fwd", key=["Lq", "Lk", "D"])
+@triton.jit
+def attention_fwd_kernel(
+    Q, K, V,  # [B, H, Lq, D], [B, H // GROUP, Lk, D] (any strides)
+    Bias,  # additive bias broadcast to [B, H, Lq, Lk] (read when HAS_BIAS)
+    O,  # [B, H, Lq, D] output
+    LSE,  # [B, H, Lq] float32 logsumexp (natural log)
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    sbb, sbh, sbm, sbn,
+    sob, soh, som, sod,
+    slb, slh, slm,
+    H, GROUP, Lq, Lk,
+    qk_scale,  # softmax scale * log2(e)
+    D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    UPCAST: tl.constexpr,  # widen bf16 tiles to fp32 before tl.dot (the interpreter)
+    PRECISION: tl.constexpr,  # tl.dot input_precision for fp32 operands
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    hk = h // GROUP
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    mask_m = rows < Lq
+
+    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=mask_m[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+    bias_base = Bias + b * sbb + h * sbh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    hi = Lk
+    if CAUSAL:
+        hi = tl.minimum(Lk, (pid_m + 1) * BLOCK_M)  # later key blocks are all masked
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        mask_n = cols < Lk
+        kt = tl.load(k_base + cols[None, :] * skn + offs_d[:, None] * skd,
+                     mask=mask_n[None, :], other=0.0)
+        v = tl.load(v_base + cols[:, None] * svn + offs_d[None, :] * svd,
+                    mask=mask_n[:, None], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        if HAS_BIAS:
+            bias = tl.load(bias_base + rows[:, None] * sbm + cols[None, :] * sbn,
+                           mask=mask_m[:, None] & mask_n[None, :], other=0.0)
+            s += bias.to(tl.float32) * LOG2E
+        keep = mask_n[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None])
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with no visible key so far keeps m = -inf; subtract 0 there (no nan).
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    tl.store(O + b * sob + h * soh + rows[:, None] * som + offs_d[None, :] * sod,
+             out.to(O.dtype.element_ty), mask=mask_m[:, None])
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
+    tl.store(LSE + b * slb + h * slh + rows * slm, lse, mask=mask_m)
+
+
+@autotune("attention_bwd_pre", key=["Lq", "D"])
+@triton.jit
+def attention_bwd_pre_kernel(
+    O, DO,  # [B, H, Lq, D]
+    Delta,  # [B * H, Lq] float32, contiguous: rowsum(dO * O)
+    sob, soh, som, sod,
+    sdb, sdh, sdm, sdd,
+    H, Lq,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    mask = rows < Lq
+    o = tl.load(O + b * sob + h * soh + rows[:, None] * som + offs_d[None, :] * sod,
+                mask=mask[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdm + offs_d[None, :] * sdd,
+                 mask=mask[:, None], other=0.0).to(tl.float32)
+    tl.store(Delta + pid_bh.to(tl.int64) * Lq + rows, tl.sum(o * do, 1), mask=mask)
+
+
+@autotune("attention_bwd_dkdv", key=["Lq", "Lk", "D"])
+@triton.jit
+def attention_bwd_dkdv_kernel(
+    Q, K, V, Bias, DO,
+    LSE,  # [B, H, Lq] float32 (natural log), any strides
+    Delta,  # [B * H, Lq] float32
+    DK, DV,  # [B, H // GROUP, Lk, D]
+    DBias,  # [B, H, Lq, Lk] gradient of the bias (written when BIAS_GRAD), zero-filled
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    sbb, sbh, sbm, sbn,
+    sdob, sdoh, sdom, sdod,
+    slb, slh, slm,
+    sdkb, sdkh, sdkn, sdkd,
+    sdvb, sdvh, sdvn, sdvd,
+    sgb, sgh, sgm, sgn,
+    H, GROUP, Lq, Lk,
+    scale,
+    D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # One program owns BLOCK_N keys of one key/value head and walks every query block of
+    # the GROUP query heads reading it, so dK and dV are summed here, without atomics.
+    # Scores are computed transposed ([BLOCK_N, BLOCK_M]) so the sums over queries are
+    # plain tl.dot products.
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    HKV = H // GROUP
+    b = (pid_bh // HKV).to(tl.int64)
+    hk = (pid_bh % HKV).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    mask_n = cols < Lk
+    k = tl.load(K + b * skb + hk * skh + cols[:, None] * skn + offs_d[None, :] * skd,
+                mask=mask_n[:, None], other=0.0)
+    v = tl.load(V + b * svb + hk * svh + cols[:, None] * svn + offs_d[None, :] * svd,
+                mask=mask_n[:, None], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    qk_scale = scale * LOG2E
+    dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    lo = 0
+    if CAUSAL:
+        lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # earlier query blocks see none of these keys
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        q_base = Q + b * sqb + h * sqh
+        do_base = DO + b * sdob + h * sdoh
+        for start_m in range(lo, Lq, BLOCK_M):
+            rows = start_m + offs_m
+            mask_m = rows < Lq
+            qt = tl.load(q_base + rows[None, :] * sqm + offs_d[:, None] * sqd,
+                         mask=mask_m[None, :], other=0.0)
+            do = tl.load(do_base + rows[:, None] * sdom + offs_d[None, :] * sdod,
+                         mask=mask_m[:, None], other=0.0)
+            if UPCAST:
+                qt = qt.to(tl.float32)
+                do = do.to(tl.float32)
+            lse = tl.load(LSE + b * slb + h * slh + rows * slm, mask=mask_m, other=0.0)
+            # A row that saw no key (lse = -inf) has p = 0 everywhere.
+            lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+            delta = tl.load(Delta + (b * H + h) * Lq + rows,
+                            mask=mask_m, other=0.0)
+            st = tl.dot(k, qt, input_precision=PRECISION) * qk_scale
+            if HAS_BIAS:
+                bias = tl.load(Bias + b * sbb + h * sbh + rows[None, :] * sbm
+                               + cols[:, None] * sbn,
+                               mask=mask_m[None, :] & mask_n[:, None], other=0.0)
+                st += bias.to(tl.float32) * LOG2E
+            keep = mask_m[None, :] & mask_n[:, None]
+            if CAUSAL:
+                keep = keep & (cols[:, None] <= rows[None, :])
+            pt = tl.where(keep, tl.exp2(st - lse2[None, :]), 0.0)
+            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+            dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            dst = pt * (dpt - delta[None, :])
+            if BIAS_GRAD:
+                tl.store(DBias + b * sgb + h * sgh + rows[None, :] * sgm + cols[:, None] * sgn,
+                         dst.to(DBias.dtype.element_ty), mask=keep)
+            dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=PRECISION)
+    dk = dk * scale
+    tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdkn + offs_d[None, :] * sdkd,
+             dk.to(DK.dtype.element_ty), mask=mask_n[:, None])
+    tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvn + offs_d[None, :] * sdvd,
+             dv.to(DV.dtype.element_ty), mask=mask_n[:, None])
+
+
+@autotune("attention_bwd_dq", key=["Lq", "Lk", "D"])
+@triton.jit
+def attention_bwd_dq_kernel(
+    Q, K, V, Bias, DO, LSE, Delta,
+    DQ,  # [B, H, Lq, D]
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    sbb, sbh, sbm, sbn,
+    sdob, sdoh, sdom, sdod,
+    slb, slh, slm,
+    sdqb, sdqh, sdqm, sdqd,
+    H, GROUP, Lq, Lk,
+    scale,
+    D: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # One program owns BLOCK_M queries of one head and walks the key blocks they see.
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    hk = h // GROUP
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    mask_m = rows < Lq
+    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=mask_m[:, None], other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + rows[:, None] * sdom + offs_d[None, :] * sdod,
+                 mask=mask_m[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.load(LSE + b * slb + h * slh + rows * slm, mask=mask_m, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+    delta = tl.load(Delta + pid_bh.to(tl.int64) * Lq + rows, mask=mask_m, other=0.0)
+    qk_scale = scale * LOG2E
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+    dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    hi = Lk
+    if CAUSAL:
+        hi = tl.minimum(Lk, (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        mask_n = cols < Lk
+        kt = tl.load(k_base + cols[None, :] * skn + offs_d[:, None] * skd,
+                     mask=mask_n[None, :], other=0.0)
+        vt = tl.load(v_base + cols[None, :] * svn + offs_d[:, None] * svd,
+                     mask=mask_n[None, :], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+        if HAS_BIAS:
+            bias = tl.load(Bias + b * sbb + h * sbh + rows[:, None] * sbm + cols[None, :] * sbn,
+                           mask=mask_m[:, None] & mask_n[None, :], other=0.0)
+            s += bias.to(tl.float32) * LOG2E
+        keep = mask_m[:, None] & mask_n[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None])
+        p = tl.where(keep, tl.exp2(s - lse2[:, None]), 0.0)
+        dp = tl.dot(do, vt, input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PRECISION)
+    dq = dq * scale
+    tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqm + offs_d[None, :] * sdqd,
+             dq.to(DQ.dtype.element_ty), mask=mask_m[:, None])
