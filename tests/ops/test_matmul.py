@@ -144,7 +144,7 @@ def test_split_k_matches_unsplit(data: st.DataObject, m: int, n: int, k: int, sp
     b = _matrix(data.draw, k, n, dtype)
     bias = data.draw(tensors(shape=(n,), dtypes=[dtype])).to(DEV)
     out = torch.empty((m, n), dtype=dtype, device=DEV)
-    MM._launch(a[None], b[None], out[None], bias.expand(m, n)[None], 0.5, 2.0, split_k=split)
+    MM.launch_product(a[None], b[None], out[None], bias.expand(m, n)[None], 0.5, 2.0, split_k=split)
     expected = reference(torch.addmm, bias, a, b, beta=2.0, alpha=0.5)
     assert_close(out, expected, reduce_size=k * 4)
 

@@ -25,7 +25,7 @@ from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, check_supported, tl_acc
 from gemsops.ops.grid import cdiv
 
-__all__ = ["addmm", "bmm", "mm"]
+__all__ = ["addmm", "bmm", "launch_product", "mm"]
 
 
 
@@ -261,9 +261,14 @@ def _consts(
     return consts
 
 
-def _launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, beta: float,
-            split_k: int | None = None) -> None:
-    """c[i] = alpha * a[i] @ b[i] (+ beta * bias[i]) for 2-D or 3-D a, b, c (and bias)."""
+def launch_product(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
+                   beta: float, split_k: int | None = None) -> None:
+    """``c[i] = alpha * a[i] @ b[i] (+ beta * bias[i])`` for 2-D or 3-D a, b, c (and bias).
+
+    The operands are read through their strides (a batch stride of 0 shares one matrix
+    across the batch); ``c`` is written in place. Checks are the caller's (:func:`mm`,
+    :func:`bmm`, :func:`addmm` do them).
+    """
     shape = a.shape
     batch = shape[0] if len(shape) == 3 else 1
     M, K = shape[-2], shape[-1]
@@ -358,7 +363,7 @@ def mm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
         out = torch.empty((M, N), dtype=dtype, device=input.device)
     else:
         _prepare_out(out, (M, N), dtype, input, mat2)
-    _launch(input, mat2, out, None, 1.0, 0.0)
+    launch_product(input, mat2, out, None, 1.0, 0.0)
     return out
 
 
@@ -384,7 +389,7 @@ def bmm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
         out = torch.empty(shape, dtype=dtype, device=input.device)
     else:
         _prepare_out(out, shape, dtype, input, mat2)
-    _launch(input, mat2, out, None, 1.0, 0.0)
+    launch_product(input, mat2, out, None, 1.0, 0.0)
     return out
 
 
@@ -418,5 +423,5 @@ def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: 
         out = torch.empty((M, N), dtype=dtype, device=mat1.device)
     else:
         _prepare_out(out, (M, N), dtype, input, mat1, mat2)
-    _launch(mat1, mat2, out, bias if beta_f != 0 else None, alpha_f, beta_f)
+    launch_product(mat1, mat2, out, bias if beta_f != 0 else None, alpha_f, beta_f)
     return out

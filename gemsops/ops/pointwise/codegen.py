@@ -32,7 +32,7 @@ import gemshal
 from gemshal.autotune import autotune
 
 __all__ = ["BITS64", "LOAD", "MAX_RANK", "SINGLE", "VALUE", "launch_flat",
-           "launch_flat_planned", "launch_strided"]
+           "launch_flat_planned", "launch_strided", "to_half"]
 
 MAX_RANK = 5
 LOAD, VALUE, BITS64, SINGLE = 0, 1, 2, 3
@@ -45,7 +45,7 @@ _INTERPRETED = tl.constexpr(gemshal.current_device().interpreter)
 
 
 @triton.jit
-def _to_half(v, DT: tl.constexpr):
+def to_half(v, DT: tl.constexpr):
     """``v`` as float16 or bfloat16, rounded to nearest even, through float32 as torch does.
 
     (c10 converts every type to the half types through float.) The interpreter's own
@@ -75,7 +75,7 @@ def _operand(x, offs, mask, KIND: tl.constexpr, VIA: tl.constexpr, TO: tl.conste
         v = x
     if VIA is not None:
         if VIA.is_floating() and VIA.primitive_bitwidth == 16 and v.dtype != VIA:
-            v = _to_half(v, VIA)
+            v = to_half(v, VIA)
         else:
             v = v.to(VIA)
     if TO is not None:
@@ -103,12 +103,12 @@ def _evaluate_store(out, oo, x0, x1, x2, oa, ob, oc, mask,
         r = OP(a, _operand(x1, ob, mask, K1, V1, T1), _operand(x2, oc, mask, K2, V2, T2))
     if R is not None:
         if R.is_floating() and R.primitive_bitwidth == 16 and r.dtype != R:
-            r = _to_half(r, R)
+            r = to_half(r, R)
         else:
             r = r.to(R)
     ot = out.dtype.element_ty
     if ot.is_floating() and ot.primitive_bitwidth == 16 and r.dtype != ot:
-        r = _to_half(r, ot)
+        r = to_half(r, ot)
     tl.store(out + oo, r.to(ot), mask=mask)
 
 
