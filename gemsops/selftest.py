@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from hypothesis.errors import NoSuchExample
 from torch.nn import functional as F
 
 import gemshal
+from gemshal.autotune import AUTOTUNE_ENV
 from gemsops import registry
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import FLOAT_DTYPES, broadcast_pair, dims_for, tensors
@@ -185,6 +187,72 @@ def _cross_entropy(dtype: torch.dtype) -> st.SearchStrategy[Args]:
     return _cross_entropy_args(dtype)
 
 
+@st.composite
+def _attention_args(draw: st.DrawFn, dtype: torch.dtype) -> Args:
+    b, heads, d = draw(st.integers(0, 2)), draw(st.sampled_from([1, 2])), draw(
+        st.sampled_from([16, 64]))
+    lq, lk = draw(st.integers(1, 33)), draw(st.integers(1, 33))
+    q = draw(tensors(shape=(b, heads, lq, d), dtypes=[dtype], layouts=False))
+    k = draw(tensors(shape=(b, heads, lk, d), dtypes=[dtype], layouts=False))
+    v = draw(tensors(shape=(b, heads, lk, d), dtypes=[dtype], layouts=False))
+    return q, k, v, draw(st.booleans()) and lq == lk
+
+
+def _attention(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    return _attention_args(dtype)
+
+
+@st.composite
+def _gather_args(draw: st.DrawFn, dtype: torch.dtype) -> Args:
+    x = draw(tensors(dtypes=[dtype], min_rank=1, max_rank=3, specials=True))
+    dim = draw(st.integers(0, x.dim() - 1))
+    shape = tuple(min(s, 3) for s in x.shape)
+    return x, dim, _indices(draw, shape, x.shape[dim]) if x.shape[dim] else _indices(
+        draw, tuple(0 for _ in shape), 1)
+
+
+def _gather(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    return _gather_args(dtype)
+
+
+@st.composite
+def _select_args(draw: st.DrawFn, dtype: torch.dtype) -> Args:
+    x = draw(tensors(dtypes=[dtype], min_rank=1, max_rank=3, specials=True))
+    dim = draw(st.integers(0, x.dim() - 1))
+    n = draw(st.integers(0, 6)) if x.shape[dim] else 0
+    return x, dim, _indices(draw, (n,), max(x.shape[dim], 1))
+
+
+def _select(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    return _select_args(dtype)
+
+
+@st.composite
+def _tril_args(draw: st.DrawFn, dtype: torch.dtype) -> Args:
+    x = draw(tensors(dtypes=[dtype], min_rank=2, max_rank=3, specials=True))
+    return x, draw(st.integers(-3, 3))
+
+
+def _tril(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    return _tril_args(dtype)
+
+
+@st.composite
+def _pad_args(draw: st.DrawFn, dtype: torch.dtype) -> Args:
+    x = draw(tensors(dtypes=[dtype], min_rank=1, max_rank=3))
+    pads = [draw(st.integers(0, 3)) for _ in range(2 * draw(st.integers(1, x.dim())))]
+    return x, pads, draw(st.sampled_from([0.0, -1.5]))
+
+
+def _pad(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    return _pad_args(dtype)
+
+
+def _cast(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    # Every dtype to float32 and back to bfloat16: what a mixed-precision model casts.
+    return tensors(dtypes=[dtype], specials=True).map(lambda x: (x,))
+
+
 def _reduced(args: Args) -> int:
     x, dims = args[0], args[1]
     if isinstance(dims, int):
@@ -234,6 +302,19 @@ CASES: tuple[Case, ...] = (
     Case("addmm", _mm("addmm"), torch.addmm, ("addmm",), _k),
     Case("bmm", _mm("bmm"), torch.bmm, ("bmm",), _k),
     Case("embedding", _embedding, F.embedding, ("embedding",)),
+    Case("attention", _attention,
+         lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+         ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+          "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"),
+         lambda args: int(args[1].shape[2])),
+    Case("gather", _gather, torch.gather, ("gather",)),
+    Case("index_select", _select, torch.index_select, ("index_select",)),
+    Case("tril", _tril, torch.tril, ("tril",)),
+    Case("pad", _pad, lambda x, pads, value: F.pad(x, pads, value=value),
+         ("constant_pad_nd",)),
+    Case("cast", _cast, lambda x: x.to(torch.float32).to(torch.bfloat16), ("_to_copy",)),
+    Case("floor", _unary(), torch.floor, ("floor",)),
+    Case("cumsum", _along_dim(False), torch.cumsum, ("cumsum",), _reduced),
     Case(
         "cross_entropy",
         _cross_entropy,
@@ -422,6 +503,13 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help=f"examples drawn per op and dtype (default: {DEFAULT_EXAMPLES})",
     )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="benchmark the tuning configs as a model run would (default: launch each "
+        "kernel's first config, as GEMS_AUTOTUNE=0 does: the check is of results, and "
+        "tuning every drawn shape would take most of its time)",
+    )
     p.set_defaults(run=main)
 
 
@@ -459,6 +547,8 @@ def _selected(args: argparse.Namespace) -> tuple[list[Case], list[torch.dtype] |
 def main(args: argparse.Namespace) -> int:
     """Run the self-test; print a row per op and dtype and a summary. 1 when any failed."""
     cases, dtypes = _selected(args)
+    if not getattr(args, "tune", False) and AUTOTUNE_ENV not in os.environ:
+        os.environ[AUTOTUNE_ENV] = "0"  # this process only: the command exits after
     dev = gemshal.current_device()
     print(f"gemsops selftest on {dev.vendor.display_name} ({dev.name}), {args.examples} examples")
     for overload, where in registry.overrides().items():

@@ -21,7 +21,10 @@ import gemsops
 from gemshal import tune, tune_format
 from gemshal.errors import ConfigError
 from gemshal.tune_format import TuneConfig, TuneSource, loads
+from gemsops.testing.strategies import target_device
 from gemsops.tuning import TUNE_DIR
+
+DEV = target_device()
 
 SOURCE = TuneSource(Path("/x/t.toml"), "default", "tests")
 
@@ -55,7 +58,7 @@ def test_bad_tile_size_in_user_file_is_refused_before_the_kernel_runs(
     file, the entry and the key, instead of returning garbage or failing in the kernel."""
     user_file.write_text(f"[ops.pointwise]\nconfigs = [{{ BLOCK = {_value(value)} }}]\n")
     with pytest.raises(ConfigError) as info:
-        gemsops.add(torch.ones(300), torch.ones(300))
+        gemsops.add(torch.ones(300, device=DEV), torch.ones(300, device=DEV))
     message = str(info.value)
     assert str(user_file) in message
     assert "[ops.pointwise]" in message
@@ -66,8 +69,8 @@ def test_bad_tile_size_in_user_file_is_refused_before_the_kernel_runs(
 def test_good_tile_size_in_user_file_is_used(user_file: Path) -> None:
     """A power-of-two BLOCK in the user file passes and the op computes the right answer."""
     user_file.write_text("[ops.pointwise]\nconfigs = [{ BLOCK = 64 }]\n")
-    out = gemsops.add(torch.ones(300), torch.ones(300))
-    torch.testing.assert_close(out, torch.full((300,), 2.0))
+    out = gemsops.add(torch.ones(300, device=DEV), torch.ones(300, device=DEV))
+    torch.testing.assert_close(out.cpu(), torch.full((300,), 2.0))
 
 
 @given(

@@ -32,10 +32,12 @@ aten = torch.ops.aten
 
 FORWARDS = ("_scaled_dot_product_flash_attention.default",
             "_scaled_dot_product_efficient_attention.default",
-            "_scaled_dot_product_flash_attention_for_cpu.default")
+            "_scaled_dot_product_flash_attention_for_cpu.default",
+            "_scaled_dot_product_cudnn_attention.default")
 BACKWARDS = ("_scaled_dot_product_flash_attention_backward.default",
              "_scaled_dot_product_efficient_attention_backward.default",
-             "_scaled_dot_product_flash_attention_for_cpu_backward.default")
+             "_scaled_dot_product_flash_attention_for_cpu_backward.default",
+             "_scaled_dot_product_cudnn_attention_backward.default")
 
 # The interpreter evaluates masked lanes too (-inf - -inf) in numpy, which warns.
 pytestmark = pytest.mark.filterwarnings(
@@ -180,6 +182,26 @@ def test_overloads_return_torchs_layouts() -> None:
     assert_close(lse, lse_ref, reduce_size=19)
 
 
+def test_cudnn_overloads_return_their_layouts() -> None:
+    """The cuDNN overload pair returns the output in the query's layout and a [B, H, Lq, 1]
+    float32 logsumexp, and its backward takes that logsumexp back: the gradients are the
+    reference's."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 19, 16, generator=gen).to(DEVICE) for _ in range(3))
+    g = torch.randn(2, 2, 19, 16, generator=gen).to(DEVICE)
+    res = A.cudnn_attention(q, k, v, None, True, is_causal=True)
+    assert res[0].shape == q.shape and res[1].shape == (2, 2, 19, 1)
+    assert res[1].dtype == torch.float32 and res[2] is None and res[8] is None
+    grads = A.cudnn_attention_backward(g, q, k, v, res[0], res[1], res[6], res[7], None, None,
+                                       None, 19, 19, 0.0, True)
+    expected = reference(
+        lambda a, b, c, d: torch.autograd.grad(F.scaled_dot_product_attention(
+            a.requires_grad_(), b.requires_grad_(), c.requires_grad_(), is_causal=True),
+            (a, b, c), d), q, k, v, g)
+    for actual, want in zip(grads, expected, strict=True):
+        assert_close(actual, want, reduce_size=19)
+
+
 @pytest.mark.parametrize("served", [FORWARDS, BACKWARDS])
 def test_pairs_with_torchs_other_half(served: tuple[str, ...]) -> None:
     """gemsops' forward with torch's backward, and torch's forward with gemsops' backward,
@@ -234,7 +256,8 @@ def test_unsupported_inputs_go_to_torch() -> None:
         actual = F.scaled_dot_product_attention(odd, odd, odd)
         for name in FORWARDS:  # each overload, called directly with dropout, hands back
             op = getattr(aten, name.split(".")[0])
-            args = (x, x, x, None, False, 0.5) if "efficient" in name else (x, x, x, 0.5)
+            with_bias = "efficient" in name or "cudnn" in name
+            args = (x, x, x, None, False, 0.5) if with_bias else (x, x, x, 0.5)
             # torch's kernel itself may not take dropout (or not on this device).
             with contextlib.suppress(Exception):
                 op(*args)

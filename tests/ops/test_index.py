@@ -101,6 +101,29 @@ def test_index_select_matches_torch(data: st.DataObject, dtype: torch.dtype) -> 
     torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
 
 
+@given(data=st.data(), dtype=st.sampled_from(VALUE_DTYPES))
+def test_index_with_one_integer_tensor_matches_torch(data: st.DataObject,
+                                                     dtype: torch.dtype) -> None:
+    """``x[:, idx]``-style indexing (one integer index tensor of any shape, negative
+    entries counting from the end) returns exactly torch's values and shape; several
+    index tensors and bool masks are handed back."""
+    x = data.draw(tensors(dtypes=[dtype], min_rank=1, max_rank=3))
+    d = data.draw(st.integers(0, x.dim() - 1))
+    size = x.shape[d]
+    idx = data.draw(index_for((3, 2), 0, size, rank0=True))
+    if size and data.draw(st.booleans()):
+        idx = idx - size  # the same positions, counted from the end
+    indices: list[torch.Tensor | None] = [None] * d + [idx]
+    got = G.index(x, indices)
+    expected = torch.ops.aten.index.Tensor(x, indices)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(Unsupported):
+        G.index(x, [idx, idx])
+    with pytest.raises(Unsupported):
+        G.index(x, [torch.ones(x.shape[0], dtype=torch.bool, device=DEV)])
+
+
 @given(data=st.data(), dtype=st.sampled_from(VALUE_DTYPES), use_value=st.booleans(),
        mode=st.sampled_from(["new", "out", "inplace"]))
 def test_scatter_matches_torch(data: st.DataObject, dtype: torch.dtype, use_value: bool,

@@ -123,6 +123,7 @@ UNARY: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]
     "neg": (pw.neg, torch.neg), "abs": (pw.abs, torch.abs), "sign": (pw.sign, torch.sign),
     "logical_not": (pw.logical_not, torch.logical_not),
     "floor": (act.floor, torch.floor),
+    "bitwise_not": (pw.bitwise_not, torch.bitwise_not),
 }
 
 
@@ -153,6 +154,9 @@ BINARY: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]
     "lt": (pw.lt, torch.lt), "le": (pw.le, torch.le), "gt": (pw.gt, torch.gt),
     "ge": (pw.ge, torch.ge), "logical_and": (pw.logical_and, torch.logical_and),
     "logical_or": (pw.logical_or, torch.logical_or), "pow": (pw.pow, torch.pow),
+    "bitwise_and": (pw.bitwise_and, torch.bitwise_and),
+    "bitwise_or": (pw.bitwise_or, torch.bitwise_or),
+    "bitwise_xor": (pw.bitwise_xor, torch.bitwise_xor),
 }
 
 
@@ -492,6 +496,8 @@ def test_impl_entries_match_aten(key: str) -> None:
     args, kwargs = [], {}
     for arg in schema.arguments:
         value = _sample(arg, gen)
+        if key.startswith("bitwise"):  # integers only: float operands become int64
+            value = value.to(torch.int64) if isinstance(value, torch.Tensor) else 3
         (kwargs.__setitem__(arg.name, value) if arg.kwarg_only else args.append(value))
 
     def copy(v: Any) -> Any:

@@ -9,6 +9,7 @@ computes for ``input * mask * (1 / (1 - p))``, bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -215,8 +216,10 @@ def test_other_inputs_are_handed_to_torch(case: str) -> None:
                 torch.empty(8, device=DEV).bernoulli_(1.5)
             assert "bernoulli_.float" in rec.fallback_ops()
         else:
-            torch.ops.aten.native_dropout_backward(torch.randn(8, device=DEV),
-                                                   torch.ones(8, device=DEV), 2.0)
+            # torch's CPU kernel takes a float mask; its accelerator kernels raise.
+            with contextlib.suppress(RuntimeError):
+                torch.ops.aten.native_dropout_backward(torch.randn(8, device=DEV),
+                                                       torch.ones(8, device=DEV), 2.0)
             assert "native_dropout_backward.default" in rec.fallback_ops()
 
 

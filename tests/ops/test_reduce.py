@@ -129,6 +129,22 @@ def test_amax_amin_match_torch_exactly(x: torch.Tensor, data: st.DataObject) -> 
 
 
 @settings(max_examples=25)
+@given(x=tensors(dtypes=ALL_DTYPES, specials=True), data=st.data())
+def test_all_any_match_torch_exactly(x: torch.Tensor, data: st.DataObject) -> None:
+    """all/any over all dims or any dim set equal torch's, dtype included (uint8 stays
+    uint8); nan counts as nonzero; an empty input is handed back to torch."""
+    dims = data.draw(st.one_of(st.none(), dims_for(x.dim())))
+    keepdim = data.draw(st.booleans())
+    if x.numel() == 0:
+        with pytest.raises(Unsupported):
+            R.all(x, dims, keepdim)
+        return
+    _same(R.all(x, dims, keepdim), torch.ops.aten.all.dims(x, dims, keepdim))
+    _same(R.any(x, dims, keepdim), torch.ops.aten.any.dims(x, dims, keepdim))
+    if dims is None:
+        _same(R.all(x), torch.all(x))
+
+
 @given(x=tensors(dtypes=ALL_DTYPES, specials=True))
 def test_full_max_min_match_torch(x: torch.Tensor) -> None:
     """max(x) / min(x) of a non-empty tensor equal torch's; of an empty one raise like it."""

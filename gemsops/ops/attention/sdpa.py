@@ -348,6 +348,61 @@ def efficient_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, v
     return dq, dk, dv, dbias
 
 
+@op("_scaled_dot_product_cudnn_attention.default", public=False)
+def cudnn_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias: Tensor | None,
+                    compute_log_sumexp: bool, dropout_p: float = 0.0, is_causal: bool = False,
+                    return_debug_mask: bool = False, *,
+                    scale: float | None = None) -> tuple[Any, ...]:
+    """The forward of aten's cuDNN attention overload (the one torch's SDPA picks first on
+    recent accelerators): ``(output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+    philox_seed, philox_offset, debug_attn_mask)`` in that overload's layouts.
+
+    The output takes the query's layout and the logsumexp is [B, H, Lq, 1] float32
+    (natural log, as the overload's own kernel saves it), so either half pairs with the
+    other's; cum_seq_q/k and the debug mask are undefined and the seeds are placeholders
+    (no dropout).
+
+    Raises:
+        Unsupported: dropout, the debug mask, or inputs the kernels do not take.
+    """
+    _check(query, key, value, dropout_p)
+    if return_debug_mask:
+        raise Unsupported("return_debug_mask")
+    B, Hq, Lq, D = query.shape
+    Lk = key.shape[2]
+    bias = _bias(attn_bias, query, Lk)
+    out = torch.empty_like(query)
+    lse = torch.empty((B, Hq, Lq, 1), dtype=torch.float32, device=query.device)
+    _forward(query, key, value, bias, is_causal, _scale(scale, D), out, lse[..., 0])
+    seed = torch.empty((), dtype=torch.int64, device=query.device)
+    offset = torch.empty((), dtype=torch.int64, device=query.device)
+    return out, lse, None, None, Lq, Lk, seed, offset, None
+
+
+@op("_scaled_dot_product_cudnn_attention_backward.default", public=False)
+def cudnn_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
+                             out: Tensor, logsumexp: Tensor, philox_seed: Tensor,
+                             philox_offset: Tensor, attn_bias: Tensor | None,
+                             cum_seq_q: Tensor | None, cum_seq_k: Tensor | None, max_q: int,
+                             max_k: int, dropout_p: float, is_causal: bool, *,
+                             scale: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward of aten's cuDNN attention overload: ``(grad_query, grad_key,
+    grad_value)`` from the [B, H, Lq, 1] logsumexp its forward saves.
+
+    Raises:
+        Unsupported: dropout, a variable-length batch, or inputs the kernels do not take.
+    """
+    _check(query, key, value, dropout_p)
+    _no_varlen(cum_seq_q, cum_seq_k)
+    Lq = query.shape[2]
+    if logsumexp.dim() != 4 or tuple(logsumexp.shape[2:]) != (Lq, 1):
+        raise Unsupported("a logsumexp not shaped [B, H, Lq, 1]")
+    bias = _bias(attn_bias, query, key.shape[2])
+    dq, dk, dv, _ = _backward(grad_out, query, key, value, bias, out, logsumexp[..., 0],
+                              is_causal, _scale(scale, query.shape[3]))
+    return dq, dk, dv
+
+
 @op("_scaled_dot_product_flash_attention_for_cpu.default", public=False)
 def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,
                             is_causal: bool = False, *, attn_mask: Tensor | None = None,

@@ -7,6 +7,8 @@ index; ``index_select``: ``out[..., j, ...] = self[..., index[j], ...]``. Both c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -22,7 +24,7 @@ from gemsops.ops.index.kernels import (
     wrap_dim,
 )
 
-__all__ = ["gather", "index_select"]
+__all__ = ["gather", "index", "index_select"]
 
 
 def _at_least_1d(t: Tensor) -> Tensor:
@@ -109,3 +111,26 @@ def index_select(self: Tensor, dim: int, index: Tensor) -> Tensor:
     launch(GATHER, shape, idx, idx_strides, as_bits(self), src_strides, as_bits(out),
            out.stride(), self.stride(d), size)
     return out
+
+
+@op("index.Tensor", out="index.Tensor_out")
+def index(self: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
+    """``self[indices]`` where one integer tensor indexes one dim (``x[:, idx]``): the
+    result has ``idx``'s shape in that dim's place; negative indices count from the end.
+
+    Raises:
+        Unsupported: several index tensors, a bool mask (its size needs a host sync), or
+            more indices than dims (torch raises).
+    """
+    live = [(d, t) for d, t in enumerate(indices) if t is not None]
+    if len(live) != 1:
+        raise Unsupported(f"advanced indexing with {len(live)} index tensors")
+    d, idx = live[0]
+    if idx.dtype not in (torch.int64, torch.int32):
+        raise Unsupported(f"an index of {idx.dtype}")
+    if d >= self.dim():
+        raise Unsupported("more indices than dims (torch raises)")
+    size = self.shape[d]
+    wrapped = torch.where(idx < 0, idx + size, idx)
+    picked = index_select(self, d, wrapped.reshape(-1))
+    return picked.view(*self.shape[:d], *idx.shape, *self.shape[d + 1:])

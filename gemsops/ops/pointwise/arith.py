@@ -24,7 +24,7 @@ from torch import Tensor
 import gemshal
 from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops.dtypes import FLOAT_DTYPES, Number
+from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, Number
 from gemsops.ops.pointwise import elementwise as M
 from gemsops.ops.pointwise.iterator import broadcast_shape, resize_output, run
 from gemsops.ops.pointwise.types import (
@@ -38,9 +38,10 @@ from gemsops.ops.pointwise.types import PointwiseOp as Op
 from gemsops.ops.pointwise.types import Promotion as P
 
 __all__ = [
-    "COPY", "FILL", "abs", "add", "clamp", "clamp_max", "clamp_min", "div", "eq", "ge", "gt",
-    "le", "logical_and", "logical_not", "logical_or", "lt", "masked_fill", "maximum",
-    "minimum", "mul", "ne", "neg", "pow", "rsub", "sign", "sub", "where",
+    "COPY", "FILL", "abs", "add", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor",
+    "clamp", "clamp_max", "clamp_min", "div", "eq", "ge", "gt", "le", "logical_and",
+    "logical_not", "logical_or", "lt", "masked_fill", "maximum", "minimum", "mul", "ne", "neg",
+    "pow", "rsub", "sign", "sub", "where",
 ]
 
 Value = Tensor | Number
@@ -71,6 +72,11 @@ FILL = Op("fill", M.identity, "v", P.OUTPUT, scalars="checked")
 # Comparisons cast a scalar to the common dtype (float16 x == 1e30 compares with inf).
 COMPARE = {name: Op(name, getattr(M, name), "pp", P.ALWAYS_BOOL, scalars="common")
            for name in ("eq", "ne", "lt", "le", "gt", "ge")}
+# Bitwise ops take integers and bool only; a scalar is cast to the common dtype first.
+_BITS = frozenset((*INT_DTYPES, torch.bool))
+BITWISE = {name: Op(name, getattr(M, name), "pp", dtypes=_BITS, scalars="common")
+           for name in ("bitwise_and", "bitwise_or", "bitwise_xor")}
+BITWISE_NOT = Op("bitwise_not", M.bitwise_not, "p", dtypes=_BITS)
 LOGICAL = {
     "logical_and": Op("logical_and", M.logical_and, "pp", P.ALWAYS_BOOL),
     "logical_or": Op("logical_or", M.logical_or, "pp", P.ALWAYS_BOOL),
@@ -282,6 +288,18 @@ logical_or = op("logical_or.default", out="logical_or.out", inplace="logical_or_
     _binary(LOGICAL["logical_or"], "Either nonzero, as a bool tensor."))
 logical_not = op("logical_not.default", out="logical_not.out", inplace="logical_not_.default")(
     _unary(LOGICAL["logical_not"], "Zero, as a bool tensor."))
+def _bitwise(name: str, doc: str) -> Callable[..., Tensor]:
+    """A bitwise op, serving its Tensor and Scalar overloads, out= and in place."""
+    return op(f"{name}.Tensor", f"{name}.Scalar",
+              out=(f"{name}.Tensor_out", f"{name}.Scalar_out"),
+              inplace=(f"{name}_.Tensor", f"{name}_.Scalar"))(_binary(BITWISE[name], doc))
+
+
+bitwise_and = _bitwise("bitwise_and", "``self & other`` on integers and bools.")
+bitwise_or = _bitwise("bitwise_or", "``self | other`` on integers and bools.")
+bitwise_xor = _bitwise("bitwise_xor", "``self ^ other`` on integers and bools.")
+bitwise_not = op("bitwise_not.default", out="bitwise_not.out", inplace="bitwise_not_.default")(
+    _unary(BITWISE_NOT, "``~self`` on integers; logical not on bools."))
 maximum = op("maximum.default", out="maximum.out")(
     _binary(MAXIMUM, "Elementwise max; nan wins."))
 minimum = op("minimum.default", out="minimum.out")(

@@ -391,6 +391,26 @@ def logical_and(a, b):
 
 
 @triton.jit
+def bitwise_and(a, b):
+    return a & b
+
+
+@triton.jit
+def bitwise_or(a, b):
+    return a | b
+
+
+@triton.jit
+def bitwise_xor(a, b):
+    return a ^ b
+
+
+@triton.jit
+def bitwise_not(a):
+    return ~a
+
+
+@triton.jit
 def logical_or(a, b):
     return (a != 0) | (b != 0)
 

@@ -16,11 +16,13 @@ import torch
 from torch import Tensor
 
 from gemsops.declare import op
+from gemsops.errors import Unsupported
+from gemsops.ops.pointwise.arith import ne
 from gemsops.ops.rowwise.index import max_dim, min_dim
 from gemsops.ops.rowwise.layout import check_dtype, check_input, dim_list
 from gemsops.ops.rowwise.value import MAX, MIN, PROD, SUM, reduce
 
-__all__ = ["amax", "amin", "max", "mean", "min", "prod", "sum"]
+__all__ = ["all", "amax", "amin", "any", "max", "mean", "min", "prod", "sum"]
 
 
 def _sum_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
@@ -141,6 +143,37 @@ def amax(x: Tensor, dim: int | Sequence[int] = (), keepdim: bool = False) -> Ten
 def amin(x: Tensor, dim: int | Sequence[int] = (), keepdim: bool = False) -> Tensor:
     """Smallest value over ``dim`` (all dims when empty); nan wins, like ``torch.amin``."""
     return _extremum("amin", MIN, x, dim, keepdim)
+
+
+def _truth_reduce(name: str, how: int, x: Tensor, dim: int | Sequence[int] | None,
+                  keepdim: bool) -> Tensor:
+    check_input(x)
+    if not x.numel():
+        raise Unsupported(f"{name} of an empty tensor")  # torch's identity or its error
+    truth = x if x.dtype == torch.bool else ne(x, 0)
+    result = _extremum(name, how, truth, () if dim is None else dim, keepdim)
+    # torch keeps uint8 for uint8 inputs (its pre-bool convention); bool otherwise.
+    return result.to(torch.uint8) if x.dtype == torch.uint8 else result
+
+
+@op("all.default", "all.dim", "all.dims", out=("all.out", "all.dims_out", "all.all_out"))
+def all(x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    """Whether every element over ``dim`` (all dims when None) is nonzero, as torch.all.
+
+    Raises:
+        Unsupported: an input the reduction kernels do not take.
+    """
+    return _truth_reduce("all", MIN, x, dim, keepdim)
+
+
+@op("any.default", "any.dim", "any.dims", out=("any.out", "any.dims_out", "any.all_out"))
+def any(x: Tensor, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    """Whether some element over ``dim`` (all dims when None) is nonzero, as torch.any.
+
+    Raises:
+        Unsupported: an input the reduction kernels do not take.
+    """
+    return _truth_reduce("any", MAX, x, dim, keepdim)
 
 
 @op("max.default", out="max.unary_out")
