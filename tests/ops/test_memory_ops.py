@@ -285,7 +285,9 @@ def test_arange_matches_torch(start: float, end: float, step: float,
     the tolerance table for floats, exact for integers); what torch raises on raises."""
     dev = target_device()
     try:
-        expected = torch.arange(start, end, step, dtype=dtype, device=dev)
+        # torch on the CPU: its accelerator kernel divides by a step that truncates to 0
+        # for integer dtypes (a floating point exception), where the CPU repeats start.
+        expected = torch.arange(start, end, step, dtype=dtype)
     except (RuntimeError, ValueError):
         with pytest.raises(Unsupported):
             arange.arange(start, end, step, out=torch.empty(0, dtype=dtype, device=dev))

@@ -194,55 +194,6 @@ def cast_into(out: Tensor, src: Tensor) -> Tensor:
     return out
 
 
-def _dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """c10's ``is_non_overlapping_and_dense``: the elements fill one block exactly once."""
-    if len(shape) == 1:
-        return shape[0] < 2 or strides[0] == 1
-    dims = sorted((d for d in range(len(shape)) if shape[d] >= 2), key=lambda d: strides[d])
-    expected = 1
-    for d in dims:
-        if strides[d] != expected:
-            return False
-        expected *= shape[d]
-    return True
-
-
-def dense_strides(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
-    """aten's ``infer_dense_strides``: dense strides in the memory order of ``strides``
-    (TensorIterator's stable sort; stride-0 dims keep their place)."""
-    n = len(shape)
-    if n == 0:
-        return ()
-    if n == 1:
-        return (1,)
-    perm = list(range(n - 1, -1, -1))
-
-    def should_swap(d0: int, d1: int) -> int:
-        s0, s1 = strides[d0], strides[d1]
-        if s0 == 0 or s1 == 0:
-            return 0
-        if s0 != s1:
-            return -1 if s0 < s1 else 1
-        return 1 if shape[d0] > shape[d1] else 0
-
-    for i in range(1, n):
-        d1 = i
-        for d0 in range(i - 1, -1, -1):
-            c = should_swap(perm[d0], perm[d1])
-            if c > 0:
-                perm[d0], perm[d1] = perm[d1], perm[d0]
-                d1 = d0
-            elif c < 0:
-                break
-    out = [0] * n
-    step = 1
-    for d in perm:
-        out[d] = step
-        if shape[d] > 1:
-            step *= shape[d]
-    return tuple(out)
-
-
 def _same_device(x: Tensor, device: torch.device | str | int | None) -> bool:
     """Whether ``device`` (``None``, or a device with or without an index) is ``x``'s."""
     if device is None:
@@ -300,10 +251,8 @@ def to_copy(x: Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout
     check_supported(target)
     fmt = torch.preserve_format if memory_format is None else memory_format
     if fmt == torch.preserve_format:
-        shape, strides = tuple(x.shape), x.stride()
-        if not _dense(shape, strides):
-            strides = dense_strides(shape, strides)
-        out = torch.empty_strided(shape, strides, dtype=target, device=x.device)
+        # torch's own rule (its _to_copy allocates this way), empty tensors included.
+        out = torch.empty_like(x, dtype=target, memory_format=torch.preserve_format)
     elif fmt == torch.contiguous_format or x.dim() == _CHANNELS_RANK.get(fmt):
         out = torch.empty(x.shape, dtype=target, device=x.device, memory_format=fmt)
     else:

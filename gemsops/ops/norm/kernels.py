@@ -83,7 +83,9 @@ def _fwd(X, W, B, Y, Mean, Rstd, M, N, stride_x, stride_y, eps,
             mean = tl.sum(mean_l * cnt, 1) / N
             d = mean_l - mean[:, None]
             var = tl.sum(m2_l + cnt * d * d, 1) / N
-    rstd = 1.0 / tl.sqrt(var + eps)
+    # A row holding an infinity has an infinite statistic: its rstd is 0, as torch's
+    # rsqrt gives (the GPU's fast reciprocal of inf is not relied on).
+    rstd = tl.where(var == float("inf"), 0.0, 1.0 / tl.sqrt(var + eps))
     if not IS_RMS:
         tl.store(Mean + rows, mean.to(Mean.dtype.element_ty), mask=row_ok)
     tl.store(Rstd + rows, rstd.to(Rstd.dtype.element_ty), mask=row_ok)
