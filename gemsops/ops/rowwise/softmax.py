@@ -21,21 +21,10 @@ from gemshal.autotune import autotune, heuristics
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, tl_acc
-from gemsops.ops.grid import next_power_of_2
 from gemsops.ops.rowwise.layout import check_input, line_layout, wrap_dim
 from gemsops.ops.rowwise.tiles import launch, mid_block, row_block
 
 __all__ = ["log_softmax", "log_softmax_backward", "softmax", "softmax_backward"]
-
-
-def _block_n(args: dict[str, Any]) -> int:
-    # The whole line when it fits the tuned TILE_N (its length rounded up to a power of
-    # two, as tl.arange needs), else TILE_N-wide chunks.
-    return min(next_power_of_2(args["N"]), args["TILE_N"])
-
-
-def _one_tile(args: dict[str, Any]) -> bool:
-    return args["N"] <= args["TILE_N"]
 
 
 @triton.jit
@@ -50,7 +39,7 @@ def _online(m_i, l_i, x, AXIS: tl.constexpr):
 
 
 @autotune("softmax_rows", key=["M", "N"])
-@heuristics("softmax_rows", BLOCK_N=_block_n, ONE_TILE=_one_tile)
+@heuristics("softmax_rows")  # BLOCK_N, ONE_TILE: rules in the tune files
 @triton.jit
 def _softmax_rows_kernel(
     X,  # input x[m, n] at X + m * stride_m + n * stride_n
@@ -98,7 +87,7 @@ def _softmax_rows_kernel(
 
 
 @autotune("softmax_mid", key=["M", "N", "K"])
-@heuristics("softmax_mid", BLOCK_N=_block_n, ONE_TILE=_one_tile)
+@heuristics("softmax_mid")  # BLOCK_N, ONE_TILE: rules in the tune files
 @triton.jit
 def _softmax_mid_kernel(
     X,  # input x[m, n, k] at X + m * stride_m + n * stride_n + k
@@ -146,7 +135,7 @@ def _softmax_mid_kernel(
 
 
 @autotune("softmax_backward_rows", key=["M", "N"])
-@heuristics("softmax_backward_rows", BLOCK_N=_block_n, ONE_TILE=_one_tile)
+@heuristics("softmax_backward_rows")  # BLOCK_N, ONE_TILE: rules in the tune files
 @triton.jit
 def _softmax_backward_rows_kernel(
     G,  # grad_output g[m, n] at G + m * stride_gm + n * stride_gn
@@ -198,7 +187,7 @@ def _softmax_backward_rows_kernel(
 
 
 @autotune("softmax_backward_mid", key=["M", "N", "K"])
-@heuristics("softmax_backward_mid", BLOCK_N=_block_n, ONE_TILE=_one_tile)
+@heuristics("softmax_backward_mid")  # BLOCK_N, ONE_TILE: rules in the tune files
 @triton.jit
 def _softmax_backward_mid_kernel(
     G,  # grad_output g[m, n, k] at G + m * stride_gm + n * stride_gn + k
