@@ -116,6 +116,11 @@ def _size(start: Number, end: Number, step: Number,
             xs, xd = _as_float32(dstart), _as_float32(dstep)
     else:
         xs, xd = _as_int64(start), _as_int64(step)
+        if xd == 0:
+            # A fractional step below 1 truncates to 0 in an integer dtype: torch 2.13's
+            # CPU kernel repeats start, older kernels divide by it (a floating point
+            # exception). Left to torch's kernel, which decides.
+            raise Unsupported(f"arange with an integer dtype and step {step} (truncates to 0)")
     if dtype == torch.int64:
         xe = _as_int64(end)
         if xd == 0:

@@ -298,8 +298,12 @@ def _bitwise(name: str, doc: str) -> Callable[..., Tensor]:
 bitwise_and = _bitwise("bitwise_and", "``self & other`` on integers and bools.")
 bitwise_or = _bitwise("bitwise_or", "``self | other`` on integers and bools.")
 bitwise_xor = _bitwise("bitwise_xor", "``self ^ other`` on integers and bools.")
-bitwise_not = op("bitwise_not.default", out="bitwise_not.out", inplace="bitwise_not_.default")(
-    _unary(BITWISE_NOT, "``~self`` on integers; logical not on bools."))
+@op("bitwise_not.default", out="bitwise_not.out", inplace="bitwise_not_.default")
+def bitwise_not(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
+    """``~self`` on integers; logical not on bools (bools compute as 0/1 integers, whose
+    complement would be nonzero either way)."""
+    record = LOGICAL["logical_not"] if self.dtype == torch.bool else BITWISE_NOT
+    return run(record, (self,), out=out, inplace=inplace)
 maximum = op("maximum.default", out="maximum.out")(
     _binary(MAXIMUM, "Elementwise max; nan wins."))
 minimum = op("minimum.default", out="minimum.out")(
