@@ -104,9 +104,10 @@ def test_index_select_matches_torch(data: st.DataObject, dtype: torch.dtype) -> 
 @given(data=st.data(), dtype=st.sampled_from(VALUE_DTYPES))
 def test_index_with_one_integer_tensor_matches_torch(data: st.DataObject,
                                                      dtype: torch.dtype) -> None:
-    """``x[:, idx]``-style indexing (one integer index tensor of any shape, negative
-    entries counting from the end) returns exactly torch's values and shape; several
-    index tensors and bool masks are handed back."""
+    """``x[:, idx]`` and ``x[rows, cols]`` indexing (integer index tensors on adjacent
+    dims, broadcast together, negative entries counting from the end) returns exactly
+    torch's values and shape; index tensors on non-adjacent dims and bool masks are
+    handed back."""
     x = data.draw(tensors(dtypes=[dtype], min_rank=1, max_rank=3))
     d = data.draw(st.integers(0, x.dim() - 1))
     size = x.shape[d]
@@ -118,8 +119,16 @@ def test_index_with_one_integer_tensor_matches_torch(data: st.DataObject,
     expected = torch.ops.aten.index.Tensor(x, indices)
     assert got.shape == expected.shape and got.dtype == expected.dtype
     torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
-    with pytest.raises(Unsupported):
-        G.index(x, [idx, idx])
+    if x.dim() >= 2:  # two adjacent index tensors that broadcast: x[rows, cols]
+        rows = data.draw(index_for((3, 1), 0, x.shape[0], rank0=False))
+        cols = data.draw(index_for((2,), 0, x.shape[1], rank0=False))
+        both = G.index(x, [rows, cols])
+        want = torch.ops.aten.index.Tensor(x, [rows, cols])
+        assert both.shape == want.shape
+        torch.testing.assert_close(both, want, rtol=0, atol=0, equal_nan=True)
+    if x.dim() >= 3:  # not adjacent: torch moves the result dims to the front
+        with pytest.raises(Unsupported):
+            G.index(x, [idx.clamp(max=0), None, idx.clamp(max=0)])
     with pytest.raises(Unsupported):
         G.index(x, [torch.ones(x.shape[0], dtype=torch.bool, device=DEV)])
 

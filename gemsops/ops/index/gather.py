@@ -7,6 +7,7 @@ index; ``index_select``: ``out[..., j, ...] = self[..., index[j], ...]``. Both c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -115,22 +116,36 @@ def index_select(self: Tensor, dim: int, index: Tensor) -> Tensor:
 
 @op("index.Tensor", out="index.Tensor_out")
 def index(self: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
-    """``self[indices]`` where one integer tensor indexes one dim (``x[:, idx]``): the
-    result has ``idx``'s shape in that dim's place; negative indices count from the end.
+    """``self[indices]`` where integer tensors index adjacent dims (``x[:, i]``,
+    ``x[rows, cols]``): the index tensors broadcast together and their shape takes those
+    dims' place; negative indices count from the end.
 
     Raises:
-        Unsupported: several index tensors, a bool mask (its size needs a host sync), or
-            more indices than dims (torch raises).
+        Unsupported: index tensors on dims that are not adjacent (their result dims move
+            to the front), a bool mask (its size needs a host sync), or more indices than
+            dims (torch raises).
     """
     live = [(d, t) for d, t in enumerate(indices) if t is not None]
-    if len(live) != 1:
-        raise Unsupported(f"advanced indexing with {len(live)} index tensors")
-    d, idx = live[0]
-    if idx.dtype not in (torch.int64, torch.int32):
-        raise Unsupported(f"an index of {idx.dtype}")
-    if d >= self.dim():
+    if not live:
+        raise Unsupported("indexing with no index tensor")
+    dims = [d for d, _ in live]
+    if dims != list(range(dims[0], dims[0] + len(dims))):
+        raise Unsupported("index tensors on dims that are not adjacent")
+    if any(t.dtype not in (torch.int64, torch.int32) for _, t in live):
+        raise Unsupported("an index that is not int32/int64 (a bool mask)")
+    first, count = dims[0], len(dims)
+    if first + count > self.dim():
         raise Unsupported("more indices than dims (torch raises)")
-    size = self.shape[d]
-    wrapped = torch.where(idx < 0, idx + size, idx)
-    picked = index_select(self, d, wrapped.reshape(-1))
-    return picked.view(*self.shape[:d], *idx.shape, *self.shape[d + 1:])
+    try:
+        shape = torch.broadcast_shapes(*(t.shape for _, t in live))
+    except RuntimeError:
+        raise Unsupported("index tensors that do not broadcast (torch raises)") from None
+    sizes = self.shape[first:first + count]
+    flat: Tensor | None = None
+    for (_, t), size in zip(live, sizes, strict=True):
+        wrapped = torch.where(t < 0, t + size, t).expand(shape)
+        flat = wrapped if flat is None else flat * size + wrapped
+    assert flat is not None
+    merged = self.reshape(*self.shape[:first], math.prod(sizes), *self.shape[first + count:])
+    picked = index_select(merged, first, flat.reshape(-1))
+    return picked.view(*self.shape[:first], *shape, *self.shape[first + count:])
