@@ -74,9 +74,19 @@ def tl_acc(dtype: torch.dtype) -> tl.dtype:
     return TL_DTYPES[acc_dtype(dtype)]
 
 
+_REFUSALS: dict[tuple[object, torch.dtype], str | None] = {}
+
+
 def check_supported(dtype: torch.dtype) -> None:
     """Raise :class:`~gemsops.errors.Unsupported` if the device cannot compute in ``dtype``
-    (float64 without fp64, bfloat16 without bf16, ...), naming the reason."""
-    reason = gemshal.current_vendor().capabilities.refusal(dtype)
+    (float64 without fp64, bfloat16 without bf16, ...), naming the reason.
+
+    The answer is kept per (vendor, dtype): ops ask on every call.
+    """
+    vendor = gemshal.current_vendor()
+    try:
+        reason = _REFUSALS[vendor, dtype]
+    except KeyError:
+        reason = _REFUSALS[vendor, dtype] = vendor.capabilities.refusal(dtype)
     if reason is not None:
         raise Unsupported(reason)

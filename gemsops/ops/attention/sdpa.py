@@ -131,12 +131,12 @@ def _consts(kind: str, dtype: torch.dtype, D: int, causal: bool, has_bias: bool,
             bias_grad: bool = False) -> dict[str, Any]:
     """The constant keywords of one launch (cached: one dict per key, never changed, so
     the launcher recognises it)."""
-    interpreter = gemshal.current_device().interpreter
-    key = (kind, dtype, D, causal, has_bias, bias_grad, interpreter,
+    key = (kind, dtype, D, causal, has_bias, bias_grad, gemshal.current_vendor(),
            torch.get_float32_matmul_precision())
     hit = _CONSTS.get(key)
     if hit is not None:
         return hit
+    interpreter = gemshal.current_device().interpreter
     # fp32 operands follow torch's matmul precision ("highest": no tf32).
     precision = ("ieee" if dtype == torch.float32
                  and torch.get_float32_matmul_precision() == "highest" else None)

@@ -243,12 +243,12 @@ def _consts(
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The constant keywords of the mv, mm and split-K reduce launches (cached: one dict
     per key, never changed, so the launcher recognises it)."""
-    interpreter = gemshal.current_device().interpreter
-    key = (dtype, has_bias, precision, split, interpreter)
+    key = (dtype, has_bias, precision, split, gemshal.current_vendor())
     try:
         return _CONSTS[key]
     except KeyError:
         pass
+    interpreter = gemshal.current_device().interpreter
     acc = tl_acc(dtype)
     # The interpreter multiplies bf16 tiles as raw 16-bit integers; widen them first.
     upcast = interpreter and dtype == torch.bfloat16
