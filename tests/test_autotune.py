@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 import triton
+from fake_kernels import FakeJit
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies_tune import fresh_tune
@@ -188,19 +189,6 @@ def test_nothing_read_at_import(tmp_path: Path) -> None:
 
 
 # --- the compiled path, with a stand-in for @triton.jit ---------------------------------------
-
-
-class FakeJit:
-    """Stands in for a JITFunction on a GPU: records each launch's keyword arguments."""
-
-    arg_names: ClassVar[list[str]] = ["x", "n", "BLOCK"]
-
-    def __init__(self) -> None:
-        self.fn = lambda x, n, BLOCK: None
-        self.launches: list[dict[str, Any]] = []
-
-    def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        self.launches.append(kwargs)
 
 
 @pytest.fixture

@@ -6,12 +6,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 import pytest
 import torch
 import triton
+from fake_kernels import FakeJit
 from strategies_tune import fresh_tune
 
 import gemshal
@@ -194,20 +195,6 @@ def test_lookup_on_a_vendor_without_the_option_names_the_file(tmp_path: Path) ->
 
 
 # --- the values reach the launch ----------------------------------------------------------
-
-
-class FakeJit:
-    """Stands in for a compiled-mode JITFunction: records each launch's keywords, which
-    Triton's JITFunction.run would hand to backend.parse_options as compile options."""
-
-    arg_names: ClassVar[list[str]] = ["x", "n", "BLOCK"]
-
-    def __init__(self) -> None:
-        self.fn = lambda x, n, BLOCK: None
-        self.launches: list[dict[str, Any]] = []
-
-    def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        self.launches.append(kwargs)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "INT_DTYPES",
     "MAX_NUMEL",
+    "any_layout",
     "broadcast_pair",
     "dims_for",
     "shapes",
@@ -122,6 +123,22 @@ def tensors(
         base = _fill(draw, (*shp[:-1], shp[-1] * 2), dtype, specials)
         return base.to(target_device())[..., ::2]
     return _fill(draw, shp, dtype, specials).to(target_device())
+
+
+@st.composite
+def any_layout(draw: st.DrawFn, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of ``shape`` and ``dtype`` with special values, laid out as
+    :func:`tensors` lays out (contiguous, transposed, sliced), channels-last (4-dim), or
+    expanded (stride 0 along the first dim: every row reads the same memory)."""
+    shape = tuple(shape)
+    kind = draw(st.sampled_from(["kit", "channels_last", "expanded"]))
+    if kind == "channels_last" and len(shape) == 4:
+        x = draw(tensors(shape=shape, dtypes=[dtype], specials=True, layouts=False))
+        return x.to(memory_format=torch.channels_last)
+    if kind == "expanded" and shape:
+        row = draw(tensors(shape=(1, *shape[1:]), dtypes=[dtype], specials=True))
+        return row.expand(shape)
+    return draw(tensors(shape=shape, dtypes=[dtype], specials=True))
 
 
 @st.composite

@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 import gemsops
 from gemsops.errors import Unsupported
 from gemsops.ops.memory import copy
-from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, shapes, target_device, tensors
+from gemsops.testing.strategies import (
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    any_layout,
+    shapes,
+    target_device,
+    tensors,
+)
 
 DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, torch.float64, torch.int8, torch.uint8, torch.int16,
           torch.bool)
@@ -32,23 +39,9 @@ def _same(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 @st.composite
-def _laid_out(draw: st.DrawFn, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A tensor of ``shape``: contiguous, transposed, sliced, channels-last or expanded."""
-    kind = draw(st.sampled_from(["kit", "channels_last", "expanded"]))
-    if kind == "channels_last" and len(shape) == 4:
-        x = draw(tensors(shape=shape, dtypes=[dtype], specials=True, layouts=False))
-        return x.to(memory_format=torch.channels_last)
-    if kind == "expanded" and shape:
-        # Stride 0 along the first dim: every row reads the same memory.
-        row = draw(tensors(shape=(1, *shape[1:]), dtypes=[dtype], specials=True))
-        return row.expand(shape)
-    return draw(tensors(shape=shape, dtypes=[dtype], specials=True))
-
-
-@st.composite
 def _clone_inputs(draw: st.DrawFn) -> torch.Tensor:
     shape = draw(shapes(max_rank=4))
-    return draw(_laid_out(shape, draw(st.sampled_from(DTYPES))))
+    return draw(any_layout(shape, draw(st.sampled_from(DTYPES))))
 
 
 @settings(max_examples=30)
@@ -96,7 +89,7 @@ def _cat_inputs(draw: st.DrawFn) -> tuple[list[torch.Tensor], int]:
             continue
         shape = list(base)
         shape[dim] = draw(st.sampled_from([0, 1, 2, 3, 5]))
-        out.append(draw(_laid_out(tuple(shape), dtype)))
+        out.append(draw(any_layout(tuple(shape), dtype)))
     return out, dim
 
 

@@ -21,7 +21,14 @@ from hypothesis import strategies as st
 import gemsops
 from gemsops.errors import Unsupported
 from gemsops.ops.memory import arange, copy, triangle, window
-from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, shapes, target_device, tensors
+from gemsops.testing.strategies import (
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    any_layout,
+    shapes,
+    target_device,
+    tensors,
+)
 from gemsops.testing.tolerance import assert_close
 
 DTYPES = (*FLOAT_DTYPES, *INT_DTYPES, torch.float64, torch.int8, torch.uint8, torch.int16,
@@ -49,15 +56,7 @@ def _castable(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _laid_out(draw: st.DrawFn, min_rank: int = 0, max_rank: int = 4) -> torch.Tensor:
     """A tensor of any dtype: contiguous, transposed, sliced, channels-last or expanded."""
     shape = draw(shapes(min_rank=min_rank, max_rank=max_rank))
-    dtype = draw(st.sampled_from(DTYPES))
-    kind = draw(st.sampled_from(["kit", "channels_last", "expanded"]))
-    if kind == "channels_last" and len(shape) == 4:
-        x = draw(tensors(shape=shape, dtypes=[dtype], specials=True, layouts=False))
-        return x.to(memory_format=torch.channels_last)
-    if kind == "expanded" and shape:
-        row = draw(tensors(shape=(1, *shape[1:]), dtypes=[dtype], specials=True))
-        return row.expand(shape)
-    return draw(tensors(shape=shape, dtypes=[dtype], specials=True))
+    return draw(any_layout(shape, draw(st.sampled_from(DTYPES))))
 
 
 FORMATS = (None, torch.preserve_format, torch.contiguous_format, torch.channels_last)
