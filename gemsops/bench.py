@@ -33,7 +33,7 @@ import gemshal
 from gemshal.autotune import tuned
 from gemsops import registry
 
-__all__ = ["BenchCase", "add_parser", "cases", "main"]
+__all__ = ["BenchCase", "add_parser", "cases", "flag_gems", "main", "sides_of"]
 
 Thunk = Callable[[], Any]
 
@@ -210,7 +210,8 @@ def cases(*, tiny: bool) -> list[BenchCase]:
     ]
 
 
-def _flag_gems() -> Any | None:
+def flag_gems() -> Any | None:
+    """FlagGems' module when it is installed, else None (the benchmark's peer)."""
     try:
         return importlib.import_module("flag_gems")
     except ImportError:
@@ -239,7 +240,9 @@ def _timer(interpreter: bool) -> Callable[[Thunk], float]:
     return device_time
 
 
-def _sides(peer: Any | None) -> dict[str, Callable[[], AbstractContextManager[Any]]]:
+def sides_of(peer: Any | None) -> dict[str, Callable[[], AbstractContextManager[Any]]]:
+    """The benchmark's sides by name: torch, gemsops and, with ``peer``, FlagGems; each a
+    context manager factory that turns that side on."""
     sides: dict[str, Callable[[], AbstractContextManager[Any]]] = {
         "torch": nullcontext,
         "gemsops": registry.use_gems,
@@ -283,7 +286,7 @@ def run_cases(
     """
     timer = _timer(interpreter)
     copy_gbs = _copy_bandwidth(dev, timer, interpreter)
-    sides = _sides(_flag_gems())
+    sides = sides_of(flag_gems())
     rows: list[dict[str, Any]] = []
     for i, case in enumerate(selected):
         _progress(i, len(selected), case.label)
@@ -347,7 +350,7 @@ def host_overhead(
     also shows the device's time when a kernel is slower than the host.
     """
     module = gemshal.device_module()
-    peer = _flag_gems()
+    peer = flag_gems()
     tiny: dict[str, tuple[Callable[[torch.Tensor], Any], tuple[int, ...]]] = {
         "add 1024": (lambda a: torch.add(a, a), (1024,)),
         "softmax 64x1024": (lambda a: torch.softmax(a, -1), (64, 1024)),
@@ -358,7 +361,7 @@ def host_overhead(
     for label, (fn, shape) in tiny.items():
         x = torch.randn(shape, device=dev)
         row: dict[str, Any] = {"case": label}
-        for side, context in _sides(peer).items():
+        for side, context in sides_of(peer).items():
             with context():
                 for _ in range(50):
                     fn(x)
@@ -377,7 +380,7 @@ def host_overhead(
                     total.append((time.perf_counter() - start) / calls * 1e6)
                 row[f"{side}_host_us"] = statistics.median(host)
                 row[f"{side}_us"] = statistics.median(total)
-        for side in _sides(peer):
+        for side in sides_of(peer):
             if side != "torch":
                 row[f"{side}_host_over_torch"] = row[f"{side}_host_us"] / row["torch_host_us"]
         rows.append(row)
@@ -664,7 +667,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     dev = gemshal.current_device()
     tiny = dev.interpreter or args.tiny
-    peer = _flag_gems()
+    peer = flag_gems()
     result: dict[str, Any] = {
         "device": dev.as_dict(),
         "torch": torch.__version__,

@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 import gemshal
 from gemsops import registry
-from gemsops.bench import _flag_gems, _sides
+from gemsops.bench import flag_gems, sides_of
 
 __all__ = [
     "GPU_CONFIG",
@@ -196,7 +196,7 @@ def measure_model(cfg: ModelConfig) -> dict[str, Any]:
             out: torch.Tensor = model(tokens, targets)
             return out
 
-    sides = _sides(_flag_gems())
+    sides = sides_of(flag_gems())
     step_ms: dict[str, float] = {}
     forward_ms: dict[str, float] = {}
     loss: dict[str, float] = {}

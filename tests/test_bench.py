@@ -64,7 +64,7 @@ def test_model_case_matches_torch_and_reports_graph_replay(
     torch, gemsops serving its ops, timings per side; graph replay timed on a device with
     graphs, skipped with the reason on the interpreter."""
     # torch against gemsops only: a peer's kernels would add their compile time here.
-    monkeypatch.setattr(bench_model, "_flag_gems", lambda: None)
+    monkeypatch.setattr(bench_model, "flag_gems", lambda: None)
     out = tmp_path / "model.json"
     assert main(["bench", "--model", "--tiny", "--json", str(out)]) == 0
     printed = capsys.readouterr().out

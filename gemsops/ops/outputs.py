@@ -8,6 +8,7 @@ raise, before anything is written, so torch's own kernel decides those cases.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -15,7 +16,7 @@ from torch import Tensor
 
 from gemsops.errors import Unsupported
 
-__all__ = ["write_inplace", "write_out", "write_outs"]
+__all__ = ["prepare_out", "warn_resize", "write_inplace", "write_out", "write_outs"]
 
 
 def write_out(out: Tensor, result: Tensor, *inputs: Tensor) -> Tensor:
@@ -83,14 +84,49 @@ def write_inplace(self: Tensor, result: Tensor) -> Tensor:
 
 
 def _check_out(out: Tensor, result: Tensor, inputs: Sequence[Tensor]) -> None:
-    if out.dtype != result.dtype:
-        raise Unsupported(f"out dtype {out.dtype} differs from the result's {result.dtype}")
-    if out.device != result.device or out.layout != torch.strided:
+    _check(out, tuple(result.shape), result.dtype, result.device, inputs)
+
+
+def _check(out: Tensor, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+           inputs: Sequence[Tensor], resizes: bool = False) -> None:
+    if out.dtype != dtype:
+        raise Unsupported(f"out dtype {out.dtype} differs from the result's {dtype}")
+    if out.device != device or out.layout != torch.strided:
         raise Unsupported("out on another device or layout")
-    if out.shape != result.shape and out.numel():
+    if tuple(out.shape) != shape and out.numel() and not resizes:
         raise Unsupported("out has another shape (torch resizes it with a warning)")
     if out.numel() and _overlaps(out, inputs):
         raise Unsupported("out shares storage with an input")
+
+
+def prepare_out(out: Tensor, shape: tuple[int, ...], dtype: torch.dtype,
+                *inputs: Tensor) -> Tensor:
+    """Check an ``out=`` tensor a kernel writes into directly, as :func:`write_out`
+    checks it (hand-backs included), and resize it to ``shape``: silently when it is
+    empty, with torch's deprecation warning when it had elements.
+
+    Returns:
+        ``out``, ready to be written.
+    """
+    _check(out, shape, dtype, inputs[0].device if inputs else out.device, inputs, True)
+    if tuple(out.shape) != shape:
+        if out.numel():
+            warn_resize(out, shape)
+        out.resize_(shape)
+    return out
+
+
+def warn_resize(out: Tensor, shape: Sequence[int]) -> None:
+    """torch's warning when an ``out=`` tensor that had elements is resized."""
+    warnings.warn(
+        f"An output with one or more elements was resized since it had shape "
+        f"{list(out.shape)}, which does not match the required output shape {list(shape)}. "
+        "This behavior is deprecated, and in a future PyTorch release outputs will not be "
+        "resized unless they have zero elements. You can explicitly reuse an out tensor t "
+        "by resizing it, inplace, to zero elements with t.resize_(0).",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def _overlaps(out: Tensor, inputs: Sequence[Tensor]) -> bool:

@@ -24,6 +24,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, check_supported, tl_acc
 from gemsops.ops.grid import cdiv
+from gemsops.ops.outputs import prepare_out
 
 __all__ = ["addmm", "bmm", "launch_product", "mm"]
 
@@ -323,20 +324,6 @@ def launch_product(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: 
         )
 
 
-def _prepare_out(out: Tensor, shape: tuple[int, ...], dtype: torch.dtype,
-                 *inputs: Tensor) -> None:
-    """Check an ``out=`` tensor as aten does, then resize it to ``shape`` if needed."""
-    if out.layout != torch.strided or out.device != inputs[0].device:
-        raise Unsupported("out on another device or layout")
-    if out.dtype != dtype:
-        raise Unsupported("out dtype differs from the result dtype")
-    base = out.untyped_storage().data_ptr()  # 0 for an unallocated (empty) storage
-    if base and any(t.untyped_storage().data_ptr() == base for t in inputs):
-        raise Unsupported("out shares memory with an input")
-    if tuple(out.shape) != shape:
-        out.resize_(shape)
-
-
 def _mm_shapes(a: Tensor, b: Tensor) -> tuple[int, int, int]:
     if a.dim() != 2 or b.dim() != 2:
         raise Unsupported("mm takes 2-D operands")
@@ -362,7 +349,7 @@ def mm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
     if out is None:
         out = torch.empty((M, N), dtype=dtype, device=input.device)
     else:
-        _prepare_out(out, (M, N), dtype, input, mat2)
+        prepare_out(out, (M, N), dtype, input, mat2)
     launch_product(input, mat2, out, None, 1.0, 0.0)
     return out
 
@@ -388,7 +375,7 @@ def bmm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
     if out is None:
         out = torch.empty(shape, dtype=dtype, device=input.device)
     else:
-        _prepare_out(out, shape, dtype, input, mat2)
+        prepare_out(out, shape, dtype, input, mat2)
     launch_product(input, mat2, out, None, 1.0, 0.0)
     return out
 
@@ -422,6 +409,6 @@ def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: 
     if out is None:
         out = torch.empty((M, N), dtype=dtype, device=mat1.device)
     else:
-        _prepare_out(out, (M, N), dtype, input, mat1, mat2)
+        prepare_out(out, (M, N), dtype, input, mat1, mat2)
     launch_product(mat1, mat2, out, bias if beta_f != 0 else None, alpha_f, beta_f)
     return out

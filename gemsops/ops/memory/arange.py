@@ -35,7 +35,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, TL_DTYPES, Number, check_supported
 from gemsops.ops.grid import cdiv
-from gemsops.ops.memory.copy import _check_input, cast_into
+from gemsops.ops.memory.copy import cast_into, check_input
 
 __all__ = ["arange"]
 
@@ -170,7 +170,7 @@ def arange(start: Number, end: Number, step: Number = 1, *, out: Tensor | None =
         if device is None:
             device = gemshal.current_device().torch_device
         out = torch.empty(0, dtype=dtype, device=device)
-    _check_input(out, "arange out")
+    check_input(out, "arange out")
     if out.dtype not in FLOAT_DTYPES + INT_DTYPES:
         raise Unsupported(f"arange of dtype {out.dtype}")  # bool: torch raises
     check_supported(out.dtype)

@@ -46,14 +46,14 @@ from gemsops.ops.pointwise.arith import COPY
 from gemsops.ops.pointwise.iterator import run
 from gemsops.ops.pointwise.types import device_type
 
-__all__ = ["cat", "clone", "copy_", "to_copy"]
+__all__ = ["cat", "check_input", "clone", "copy_", "to_copy"]
 
 # The formats the copy keeps exactly as torch allocates them; channels-last clones are
 # left to torch (a real model's backward never asks for one).
 _FORMATS = (None, torch.preserve_format, torch.contiguous_format)
 
 
-def _check_input(t: Tensor, what: str) -> None:
+def check_input(t: Tensor, what: str) -> None:
     """Refuse a tensor the copy kernels cannot read as torch would."""
     if t.layout is not torch.strided:
         raise Unsupported(f"{what}: layout {t.layout}")
@@ -83,7 +83,7 @@ def clone(x: Tensor, *, memory_format: torch.memory_format | None = None) -> Ten
     """
     if memory_format not in _FORMATS:
         raise Unsupported(f"clone to {memory_format}")
-    _check_input(x, "clone")
+    check_input(x, "clone")
     preserve = memory_format in (None, torch.preserve_format)
     if preserve and x.is_contiguous() and x.dim():
         # The pointwise fast path allocates with empty_like(x) itself: aten's allocation.
@@ -138,7 +138,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
             raise Unsupported(f"a 0-dim tensor (at {i}) cannot be concatenated")  # torch raises
         if t.device != device:
             raise Unsupported(f"tensors on {device} and {t.device}")
-        _check_input(t, "cat")
+        check_input(t, "cat")
     dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
     check_supported(dtype)
     parts = [t for t in tensors if not _skipped(t)]
@@ -240,7 +240,7 @@ def to_copy(x: Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout
     """
     if layout is not None and layout != torch.strided:
         raise Unsupported(f"_to_copy to layout {layout}")
-    _check_input(x, "_to_copy")
+    check_input(x, "_to_copy")
     if pin_memory:
         raise Unsupported("_to_copy into pinned memory")
     if not _same_device(x, device):
@@ -279,8 +279,8 @@ def copy_(self: Tensor, src: Tensor, non_blocking: bool = False) -> Tensor:
             that do not broadcast to ``self``'s, an output with overlapping elements or
             partly overlapping ``src`` (torch raises), or dtypes the kernels do not take.
     """
-    _check_input(self, "copy_")
-    _check_input(src, "copy_ source")
+    check_input(self, "copy_")
+    check_input(src, "copy_ source")
     if src.device != self.device:
         raise Unsupported(f"copy_ from {src.device} to {self.device}")
     if src is self or (

@@ -29,7 +29,7 @@ from gemshal.autotune import autotune
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.grid import cdiv
-from gemsops.ops.memory.copy import _check_input
+from gemsops.ops.memory.copy import check_input
 from gemsops.ops.pointwise.arith import COPY
 from gemsops.ops.pointwise.iterator import run
 
@@ -109,7 +109,7 @@ def _launch(x: Tensor, out: Tensor, k: int, lower: bool, inplace: bool) -> None:
 
 def _triangle(x: Tensor, diagonal: int, out: Tensor | None, inplace: bool, lower: bool,
               name: str) -> Tensor:
-    _check_input(x, name)
+    check_input(x, name)
     if x.dim() < 2:
         raise Unsupported(f"{name} of a {x.dim()}-dim tensor")  # torch raises
     k = int(diagonal)
@@ -126,7 +126,7 @@ def _triangle(x: Tensor, diagonal: int, out: Tensor | None, inplace: bool, lower
             run(COPY, (result,), out=x, inplace=True)
         return x
     if out is not None:
-        _check_input(out, f"{name} out")
+        check_input(out, f"{name} out")
         if out.dtype != x.dtype or out.device != x.device:
             raise Unsupported(f"{name} out of dtype {out.dtype} on {out.device}")  # torch raises
         if out.shape != x.shape:

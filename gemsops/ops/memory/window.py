@@ -31,7 +31,7 @@ from torch._prims_common import suggest_memory_format
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import Number
-from gemsops.ops.memory.copy import _check_input, clone
+from gemsops.ops.memory.copy import check_input, clone
 from gemsops.ops.pointwise.arith import COPY, FILL
 from gemsops.ops.pointwise.iterator import broadcast_shape, run
 
@@ -55,7 +55,7 @@ def constant_pad_nd(x: Tensor, pad: Sequence[int], value: Number = 0) -> Tensor:
             crop longer than the dim, a value that overflows the dtype) and what the
             kernels do not take.
     """
-    _check_input(x, "constant_pad_nd")
+    check_input(x, "constant_pad_nd")
     pad = [int(p) for p in pad]
     if len(pad) % 2:
         raise Unsupported(f"pad of odd length {len(pad)}")  # torch raises
@@ -96,7 +96,7 @@ def constant_pad_nd(x: Tensor, pad: Sequence[int], value: Number = 0) -> Tensor:
 
 def _zeros_around(grad: Tensor, input_sizes: Sequence[int], what: str) -> Tensor:
     """A new tensor of ``input_sizes`` in ``grad``'s dtype, on its device (not yet zeroed)."""
-    _check_input(grad, what)
+    check_input(grad, what)
     sizes = [int(s) for s in input_sizes]
     if any(s < 0 for s in sizes):
         raise Unsupported(f"{what}: negative size in {sizes}")  # torch raises

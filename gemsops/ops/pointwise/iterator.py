@@ -13,7 +13,6 @@ takes a fast path whose dtype decisions are cached per (op, operand dtypes).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from torch import Tensor
 
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import TL_DTYPES, Number
+from gemsops.ops.outputs import warn_resize
 from gemsops.ops.pointwise.codegen import (
     BITS64,
     LOAD,
@@ -181,15 +181,7 @@ def resize_output(out: Tensor, shape: tuple[int, ...], tensors: Sequence[Tensor]
     """Resize an ``out=`` tensor as torch does: its warning when ``out`` had elements, and
     the layout a new output would get."""
     if out.numel():
-        warnings.warn(
-            f"An output with one or more elements was resized since it had shape "
-            f"{list(out.shape)}, which does not match the required output shape {list(shape)}. "
-            "This behavior is deprecated, and in a future PyTorch release outputs will not be "
-            "resized unless they have zero elements. You can explicitly reuse an out tensor t "
-            "by resizing it, inplace, to zero elements with t.resize_(0).",
-            UserWarning,
-            stacklevel=3,
-        )
+        warn_resize(out, shape)
     layout = _output_layout(shape, tensors)
     if layout is _CHANNELS_LAST:
         out.resize_(shape, memory_format=torch.channels_last)
