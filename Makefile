@@ -46,6 +46,7 @@ test: $(TEST_STAMP)
 	$(PY) -m ruff format --check gemshal
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e examples/vendor-plugin
 	$(VENV)/bin/gemshal vendors | grep -q '^anvil '
+	GEMS_VENDOR=anvil $(VENV)/bin/gemshal config anvil_neg | grep -q 'source: .*gemshal_anvil/tune/anvil.toml (vendor, anvil)'
 	GEMS_VENDOR=anvil $(VENV)/bin/gemsops selftest --ops neg,add,softmax --examples 5
 
 # The API reference (Sphinx + MyST, the `docs` extra): docs/_build/html/index.html.
