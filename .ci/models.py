@@ -168,7 +168,8 @@ def run_model(name: str, args: argparse.Namespace, transformers: Any) -> dict[st
     from gemsops import registry
 
     device = gemshal.current_device().torch_device
-    sync = getattr(gemshal, "synchronize", None) or (lambda: None)
+    module = gemshal.device_module()  # the vendor's torch device module (None on the CPU)
+    sync = getattr(module, "synchronize", None) or (lambda: None)
     config = _configs(transformers, args.seq, args.tiny)[name]
     torch.manual_seed(args.seed)
     model = _build(name, config, transformers).to(device, torch.bfloat16)
