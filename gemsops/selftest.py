@@ -253,6 +253,42 @@ def _cast(dtype: torch.dtype) -> st.SearchStrategy[Args]:
     return tensors(dtypes=[dtype], specials=True).map(lambda x: (x,))
 
 
+@st.composite
+def _scatter_args(draw: st.DrawFn, dtype: torch.dtype) -> Args:
+    x = draw(tensors(dtypes=[dtype], min_rank=1, max_rank=3))
+    dim = draw(st.integers(0, x.dim() - 1))
+    shape = tuple(min(s, 3) for s in x.shape)
+    src = draw(tensors(shape=shape, dtypes=[dtype], layouts=False))
+    return x, dim, _indices(draw, shape, max(x.shape[dim], 1)), src
+
+
+def _scatter(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    return _scatter_args(dtype)
+
+
+@st.composite
+def _topk_args(draw: st.DrawFn, dtype: torch.dtype) -> Args:
+    x = draw(tensors(dtypes=[dtype], min_rank=1, max_rank=3))
+    return x, draw(st.integers(0, min(x.shape[-1], 8)))
+
+
+def _topk(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    return _topk_args(dtype)
+
+
+@st.composite
+def _cat_args(draw: st.DrawFn, dtype: torch.dtype) -> Args:
+    x = draw(tensors(dtypes=[dtype], min_rank=1, max_rank=3))
+    dim = draw(st.integers(0, x.dim() - 1))
+    other = list(x.shape)
+    other[dim] = draw(st.integers(0, 4))
+    return x, draw(tensors(shape=other, dtypes=[dtype])), dim
+
+
+def _cat(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    return _cat_args(dtype)
+
+
 def _reduced(args: Args) -> int:
     x, dims = args[0], args[1]
     if isinstance(dims, int):
@@ -315,6 +351,20 @@ CASES: tuple[Case, ...] = (
     Case("cast", _cast, lambda x: x.to(torch.float32).to(torch.bfloat16), ("_to_copy",)),
     Case("floor", _unary(), torch.floor, ("floor",)),
     Case("cumsum", _along_dim(False), torch.cumsum, ("cumsum",), _reduced),
+    *(Case(name, _unary(), getattr(torch, name), (name,))
+      for name in ("log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "relu", "abs")),
+    Case("maximum", _binary, torch.maximum, ("maximum",)),
+    Case("pow", _binary, torch.pow, ("pow",)),
+    Case("lt", _binary, torch.lt, ("lt",)),
+    Case("prod", _along_dim(False), torch.prod, ("prod",), _reduced),
+    Case("amin", _over_dims, torch.amin, ("amin",), _reduced),
+    Case("argmin", _along_dim(False), torch.argmin, ("argmin",), _reduced),
+    Case("var_mean", _along_dim(False), torch.var_mean, ("var_mean",), _reduced),
+    Case("any", _along_dim(True), torch.any, ("any",)),
+    Case("scatter_add", _scatter, torch.scatter_add, ("scatter_add",), lambda args: 9),
+    Case("topk", _topk, lambda x, k: torch.topk(x, k).values, ("topk",)),
+    Case("triu", _tril, torch.triu, ("triu",)),
+    Case("cat", _cat, lambda a, b, dim: torch.cat([a, b], dim), ("cat",)),
     Case(
         "cross_entropy",
         _cross_entropy,

@@ -119,3 +119,16 @@ def test_unknown_ops_and_dtypes_exit_with_one_line(
     assert "\n" not in message
     assert "float32" in message or "softmax" in message
     assert capsys.readouterr().out == ""
+
+
+def test_every_case_passes_here_and_is_served() -> None:
+    """Every op the conformance command checks passes on this device in float32 and is
+    served by gemsops (a case whose op gemsops stopped serving, or whose inputs torch
+    refuses, would show as not implemented or failed here first)."""
+    from gemsops import selftest
+
+    rows = selftest.run(selftest.CASES, [torch.float32], examples=2)
+    assert len(rows) == len(selftest.CASES)
+    bad = [(r.op, r.outcome, r.detail) for r in rows if r.outcome != "passed"]
+    assert bad == []
+    assert len({case.op for case in selftest.CASES}) == len(selftest.CASES)
