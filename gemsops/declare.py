@@ -116,6 +116,8 @@ class Declaration:
 
 _LOCK = threading.Lock()
 _DECLARED: list[Declaration] = []
+_LOADED: set[str] = set()
+"""Packages whose modules (and the plugin op modules) :func:`load` has imported."""
 
 
 def op(*overloads: str, out: str | Iterable[str] = (), inplace: str | Iterable[str] = (),
@@ -169,10 +171,15 @@ def declarations() -> tuple[Declaration, ...]:
 def load(package: str = "gemsops.ops") -> tuple[Declaration, ...]:
     """Import every module under ``package`` and every plugin op module; their declarations.
 
+    The walk happens once per package; later calls return the declarations at once.
+
     Plugin modules are the values of the ``gemsops.ops`` entry-point group. A plugin
     module that fails to import raises: a vendor's override silently missing would serve
     the portable kernel where the vendor said it must not.
     """
+    with _LOCK:
+        if package in _LOADED:
+            return tuple(_DECLARED)
     root = importlib.import_module(package)
     for info in sorted(pkgutil.walk_packages(root.__path__, f"{package}."),
                        key=lambda i: i.name):
@@ -185,6 +192,8 @@ def load(package: str = "gemsops.ops") -> tuple[Declaration, ...]:
             raise DeclarationError(
                 f"plugin op module {ep.value!r} (entry point {ep.name!r} in group "
                 f"{ENTRY_POINT_GROUP!r}) failed to import: {exc}") from exc
+    with _LOCK:
+        _LOADED.add(package)
     return declarations()
 
 

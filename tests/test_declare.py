@@ -215,8 +215,20 @@ def test_a_plugin_op_module_that_fails_to_import_is_an_error(monkeypatch: Any) -
         return real(**kw)
 
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(declare, "_LOADED", set())  # a first load in this process
     with pytest.raises(DeclarationError, match=r"'gemsops_no_such_plugin.ops'.*'broken'"):
         declare.load()
+    assert "gemsops.ops" not in declare._LOADED  # a failed load is tried again next time
+
+
+def test_load_walks_the_op_modules_once(monkeypatch: Any) -> None:
+    """After the first load, later ones (every gemsops.<name> lookup asks) walk nothing."""
+    declare.load()
+    walked: list[str] = []
+    monkeypatch.setattr(declare.pkgutil, "walk_packages",
+                        lambda *a, **k: walked.append("walk") or iter(()))
+    assert declare.load() == declare.declarations()
+    assert walked == []
 
 
 def test_every_served_overload_comes_from_a_declaration() -> None:

@@ -192,7 +192,7 @@ def convolution(
     # the weight read with batch stride 0, the bias broadcast along space.
     bias3 = None if bias is None else bias.view(1, o, 1).expand(n, o, length)
     launch_product(w2.expand(n, o, k), patches.view(n, length, k).transpose(1, 2),
-            out.view(n, o, length), bias3, 1.0, 1.0)
+                   out.view(n, o, length), bias3, 1.0, 1.0)
     return out
 
 

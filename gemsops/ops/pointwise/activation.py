@@ -134,6 +134,8 @@ THRESHOLD_BACKWARD = Op("threshold_backward", _threshold_backward, "ppv", dtypes
 
 
 def _unary(name: str, doc: str) -> Callable[..., Tensor]:
+    """The public function of ``UNARY[name]``, declared for ``name.default``, ``name.out``
+    and ``name_.default``."""
     record = UNARY[name]
 
     def fn(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
@@ -141,31 +143,20 @@ def _unary(name: str, doc: str) -> Callable[..., Tensor]:
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
-    return fn
+    return op(f"{name}.default", out=f"{name}.out", inplace=f"{name}_.default")(fn)
 
 
-exp = op("exp.default", out="exp.out", inplace="exp_.default")(
-    _unary("exp", "e ** self (to about 1 ulp in float32)."))
-log = op("log.default", out="log.out", inplace="log_.default")(
-    _unary("log", "Natural logarithm."))
-sqrt = op("sqrt.default", out="sqrt.out", inplace="sqrt_.default")(
-    _unary("sqrt", "Square root, correctly rounded."))
-rsqrt = op("rsqrt.default", out="rsqrt.out", inplace="rsqrt_.default")(
-    _unary("rsqrt", "1 / sqrt(self)."))
-reciprocal = op("reciprocal.default", out="reciprocal.out", inplace="reciprocal_.default")(
-    _unary("reciprocal", "1 / self."))
-sin = op("sin.default", out="sin.out", inplace="sin_.default")(
-    _unary("sin", "Sine."))
-cos = op("cos.default", out="cos.out", inplace="cos_.default")(
-    _unary("cos", "Cosine."))
-tanh = op("tanh.default", out="tanh.out", inplace="tanh_.default")(
-    _unary("tanh", "Hyperbolic tangent."))
-sigmoid = op("sigmoid.default", out="sigmoid.out", inplace="sigmoid_.default")(
-    _unary("sigmoid", "1 / (1 + exp(-self))."))
-relu = op("relu.default", out="relu.out", inplace="relu_.default")(
-    _unary("relu", "max(self, 0); nan stays nan; integer dtypes stay integer."))
-silu = op("silu.default", out="silu.out", inplace="silu_.default")(
-    _unary("silu", "self * sigmoid(self)."))
+exp = _unary("exp", "e ** self (to about 1 ulp in float32).")
+log = _unary("log", "Natural logarithm.")
+sqrt = _unary("sqrt", "Square root, correctly rounded.")
+rsqrt = _unary("rsqrt", "1 / sqrt(self).")
+reciprocal = _unary("reciprocal", "1 / self.")
+sin = _unary("sin", "Sine.")
+cos = _unary("cos", "Cosine.")
+tanh = _unary("tanh", "Hyperbolic tangent.")
+sigmoid = _unary("sigmoid", "1 / (1 + exp(-self)).")
+relu = _unary("relu", "max(self, 0); nan stays nan; integer dtypes stay integer.")
+silu = _unary("silu", "self * sigmoid(self).")
 
 
 @triton.jit
