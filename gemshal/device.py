@@ -290,9 +290,9 @@ def get_device(index: int) -> Device:
             f"device index {index} does not exist; {state.detection.vendor.name} has "
             f"{state.count} device(s): 0..{state.count - 1}"
         )
-    device = _describe(state, index)
-    state.devices[index] = device
-    return device
+    # Threads that race here may each describe the device; setdefault keeps the first
+    # record, so every caller gets the same one (records are compared by identity).
+    return state.devices.setdefault(index, _describe(state, index))
 
 
 def current_device() -> Device:
