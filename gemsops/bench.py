@@ -105,11 +105,18 @@ def _cross_entropy(m: int, v: int, dtype: torch.dtype) -> BenchCase:
     )
 
 
-def _mm(op: str, b: int, m: int, n: int, k: int, dtype: torch.dtype) -> BenchCase:
+def _mm(op: str, b: int, m: int, n: int, k: int, dtype: torch.dtype, *,
+        transposed: bool = False) -> BenchCase:
+    """mm / addmm (a bias row) / bmm; ``transposed``: bmm's right operand is a transposed
+    view, as in attention scores ``q @ k.transpose(-2, -1)``."""
+
     def make(dev: torch.device) -> Thunk:
         if op == "bmm":
             x = torch.randn(b, m, k, device=dev, dtype=dtype)
-            y = torch.randn(b, k, n, device=dev, dtype=dtype)
+            if transposed:
+                y = torch.randn(b, n, k, device=dev, dtype=dtype).transpose(1, 2)
+            else:
+                y = torch.randn(b, k, n, device=dev, dtype=dtype)
             return lambda: torch.bmm(x, y)
         x = torch.randn(m, k, device=dev, dtype=dtype)
         y = torch.randn(k, n, device=dev, dtype=dtype)
@@ -119,7 +126,54 @@ def _mm(op: str, b: int, m: int, n: int, k: int, dtype: torch.dtype) -> BenchCas
         return lambda: torch.mm(x, y)
 
     shape = f"{b}x{m}x{n}x{k}" if op == "bmm" else f"{m}x{n}x{k}"
-    return BenchCase(op, f"{op} {shape}", dtype, make, flops=2 * b * m * n * k)
+    label = f"{op} {shape}{' (b transposed)' if transposed else ''}"
+    return BenchCase(op, label, dtype, make, flops=2 * b * m * n * k)
+
+
+def _linear(m: int, n: int, k: int, dtype: torch.dtype, *, bias: bool) -> BenchCase:
+    """``F.linear`` as a model calls it: a [n, k] weight read transposed, optional bias."""
+
+    def make(dev: torch.device) -> Thunk:
+        x = torch.randn(m, k, device=dev, dtype=dtype)
+        w = torch.randn(n, k, device=dev, dtype=dtype)
+        b = torch.randn(n, device=dev, dtype=dtype) if bias else None
+        return lambda: F.linear(x, w, b)
+
+    label = f"linear {m}x{n}x{k}{' +bias' if bias else ''}"
+    return BenchCase("linear", label, dtype, make, flops=2 * m * n * k)
+
+
+def _broadcast_add(m: int, n: int, dtype: torch.dtype) -> BenchCase:
+    """A bias row added to a matrix: the second operand broadcast along dim 0."""
+
+    def make(dev: torch.device) -> Thunk:
+        x = torch.randn(m, n, device=dev, dtype=dtype)
+        row = torch.randn(n, device=dev, dtype=dtype)
+        return lambda: x + row
+
+    return BenchCase("add", f"add {m}x{n} + row", dtype, make,
+                     bytes=_nbytes(dtype, 2 * m * n, n))
+
+
+def _backward(op: str, m: int, n: int, dtype: torch.dtype) -> BenchCase:
+    """Forward + backward of a row op (softmax, rms_norm, layer_norm); the bytes are both
+    passes': forward reads x and writes y, backward reads dy and x (y for softmax) and
+    writes dx (norms: and the weight gradient)."""
+
+    def make(dev: torch.device) -> Thunk:
+        x = torch.randn(m, n, device=dev, dtype=dtype, requires_grad=True)
+        g = torch.randn(m, n, device=dev, dtype=dtype)
+        if op == "softmax":
+            return lambda: torch.autograd.grad(torch.softmax(x, -1), (x,), g)
+        w = torch.randn(n, device=dev, dtype=dtype, requires_grad=True)
+        if op == "layer_norm":
+            bw = torch.randn(n, device=dev, dtype=dtype, requires_grad=True)
+            return lambda: torch.autograd.grad(
+                F.layer_norm(x, (n,), w, bw, 1e-5), (x, w, bw), g)
+        return lambda: torch.autograd.grad(F.rms_norm(x, (n,), w, 1e-6), (x, w), g)
+
+    return BenchCase(op, f"{op} fwd+bwd {m}x{n}", dtype, make,
+                     bytes=_nbytes(dtype, 5 * m * n))
 
 
 def _embedding(tokens: int, vocab: int, dim: int, dtype: torch.dtype) -> BenchCase:
@@ -166,13 +220,18 @@ def _attention(b: int, hq: int, hkv: int, lq: int, lk: int, d: int, dtype: torch
 
 def cases(*, tiny: bool) -> list[BenchCase]:
     """The benchmark suite: the reference table's rows plus LLM-shaped ones."""
-    bf16, f32 = torch.bfloat16, torch.float32
+    bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
     if tiny:
         return [
             _pointwise("add", torch.add, 1024, f32, 2),
             _rows("softmax", lambda x: torch.softmax(x, -1), 4, 64, f32),
             _rows("sum", lambda x: x.sum(-1), 4, 64, f32, out_numel=4),
             _mm("mm", 1, 16, 16, 16, f32),
+            _mm("bmm", 2, 16, 16, 16, f32, transposed=True),
+            _linear(4, 16, 16, f32, bias=True),
+            _broadcast_add(4, 64, f32),
+            _backward("rms_norm", 4, 64, f32),
+            _backward("softmax", 4, 64, f32),
             _attention(1, 2, 2, 32, 32, 16, f32, causal=True, backward=False),
         ]
     return [
@@ -196,12 +255,23 @@ def cases(*, tiny: bool) -> list[BenchCase]:
         _cross_entropy(8192, 128256, bf16),
         _cross_entropy(4096, 32000, bf16),
         _embedding(8192, 128256, 4096, bf16),
-        _mm("mm", 1, 4096, 4096, 4096, bf16),
-        _mm("mm", 1, 8192, 8192, 8192, bf16),
-        _mm("mm", 1, 16, 14336, 4096, bf16),
-        _mm("mm", 1, 1, 4096, 4096, bf16),
+        # Matmuls: square products in both half types, a linear layer (weight read
+        # transposed, bias fused), batched products (attention scores: the right operand
+        # transposed), and decode shapes (M = 1, 4, 16 rows against 4096 and 14336 wide).
+        *[_mm("mm", 1, s, s, s, dt) for dt in (bf16, f16) for s in (4096, 8192)],
         _mm("addmm", 1, 4096, 4096, 4096, bf16),
+        *[_linear(s, s, s, dt, bias=True) for dt in (bf16, f16) for s in (4096, 8192)],
         _mm("bmm", 64, 2048, 2048, 128, bf16),
+        _mm("bmm", 64, 2048, 2048, 128, bf16, transposed=True),
+        _mm("bmm", 64, 2048, 128, 2048, bf16),
+        *[_mm("mm", 1, m, n, 4096, bf16) for n in (4096, 14336) for m in (1, 4, 16)],
+        *[_linear(m, n, 4096, bf16, bias=False) for n in (4096, 14336) for m in (1, 16)],
+        # Memory-bound rows that training leans on: a broadcast operand, the backward passes.
+        _broadcast_add(16384, 16384, bf16),
+        _pointwise("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), 2**28, bf16, 1),
+        _backward("softmax", 16384, 16384, bf16),
+        _backward("rms_norm", 65536, 4096, bf16),
+        _backward("layer_norm", 65536, 4096, bf16),
         # Attention: a training step's shapes (causal), and decode (one query, a long
         # cache, grouped-query heads).
         _attention(4, 16, 16, 2048, 2048, 128, bf16, causal=True, backward=False),

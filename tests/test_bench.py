@@ -19,12 +19,25 @@ def test_bench_tiny_mode_writes_rows(tmp_path: Path, capsys: pytest.CaptureFixtu
     printed = capsys.readouterr().out
     assert "geometric mean vs torch" in printed
     result = json.loads(out.read_text())
-    assert [r["op"] for r in result["rows"]] == ["add", "softmax"]
+    # add: the flat add and the broadcast row; softmax: forward, then forward + backward
+    assert sorted(r["op"] for r in result["rows"]) == ["add", "add", "softmax", "softmax"]
     assert "model" not in result  # a run of selected ops leaves the model case out
     for row in result["rows"]:
         assert row["torch_ms"] > 0 and row["gemsops_ms"] > 0
         assert row["vs_torch"] == pytest.approx(row["torch_ms"] / row["gemsops_ms"])
     assert result["copy_gbs"] > 0
+
+
+def test_bench_tiny_mode_runs_the_matmul_and_backward_kinds(tmp_path: Path) -> None:
+    """The linear, transposed-bmm and forward + backward rows time on both sides."""
+    out = tmp_path / "bench.json"
+    ops = "linear,bmm,rms_norm"
+    assert main(["bench", "--tiny", "--no-host", "--ops", ops, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == [
+        "bmm 2x16x16x16 (b transposed)", "linear 4x16x16 +bias", "rms_norm fwd+bwd 4x64"]
+    assert all(r["torch_ms"] > 0 and r["gemsops_ms"] > 0 for r in rows)
+    assert rows[1]["torch_tflops"] > 0 and rows[2]["torch_gbs"] > 0
 
 
 def test_bench_rejects_unknown_ops() -> None:
