@@ -17,6 +17,7 @@ from gemshal.device import detection_trace as detection_trace
 from gemshal.device import device_guard as device_guard
 from gemshal.device import device_module as device_module
 from gemshal.device import device_of as device_of
+from gemshal.device import ensure_scratch_allocator as ensure_scratch_allocator
 from gemshal.device import get_device as get_device
 from gemshal.device import select as select
 from gemshal.errors import AmbiguousDeviceError as AmbiguousDeviceError
@@ -36,6 +37,7 @@ from gemshal.registry import vendor as vendor
 from gemshal.registry import vendor_names as vendor_names
 from gemshal.registry import vendors as vendors
 from gemshal.vendor import Arch as Arch
+from gemshal.vendor import ArchFeatures as ArchFeatures
 from gemshal.vendor import Capabilities as Capabilities
 from gemshal.vendor import VendorInfo as VendorInfo
 
@@ -44,6 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AmbiguousDeviceError",
     "Arch",
+    "ArchFeatures",
     "Capabilities",
     "Claim",
     "ConfigError",
@@ -67,6 +70,7 @@ __all__ = [
     "device_guard",
     "device_module",
     "device_of",
+    "ensure_scratch_allocator",
     "get_device",
     "plugin_failures",
     "register_vendor",

@@ -53,6 +53,7 @@ def _info(args: argparse.Namespace) -> int:
         ("warp size", str(dev.warp_size)),
         ("memory", _size(dev.total_memory)),
         ("triton interpreter", "yes" if dev.interpreter else "no"),
+        ("hardware features", ", ".join(sorted(dev.features)) or "-"),
         ("vendor", f"{v.name} ({v.display_name})"),
         ("torch device type", v.device_type),
         ("dispatch key", v.dispatch_key),

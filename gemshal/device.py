@@ -21,11 +21,11 @@ import attrs
 import torch
 
 from gemshal.detect import Detection, TraceStep, detect
-from gemshal.errors import DeviceGuardError, DeviceNotFoundError
+from gemshal.errors import ConfigError, DeviceGuardError, DeviceNotFoundError
 from gemshal.interpreter import use_interpreter
 from gemshal.probe import LiveFacts
 from gemshal.registry import vendor
-from gemshal.vendor import Arch, VendorInfo
+from gemshal.vendor import Arch, VendorInfo, unknown_features
 
 __all__ = [
     "Device",
@@ -56,6 +56,9 @@ class Device:
         multiprocessor_count: Streaming multiprocessors / compute units (CPU cores on the CPU).
         total_memory: Device memory in bytes.
         interpreter: True when kernels run on the Triton interpreter.
+        features: Hardware features of this device (names from
+            :data:`gemshal.vendor.FEATURES`): what its vendor declares for its
+            architecture, less those ``GEMS_DISABLE_FEATURES`` turns off.
     """
 
     vendor: VendorInfo
@@ -68,6 +71,21 @@ class Device:
     multiprocessor_count: int
     total_memory: int
     interpreter: bool
+    features: frozenset[str] = frozenset()
+
+    def has(self, feature: str) -> bool:
+        """Whether this device has ``feature`` (kernels choose their paths with it).
+
+        Raises:
+            ValueError: ``feature`` is not one of :data:`gemshal.vendor.FEATURES` (the
+                message names the valid ones).
+        """
+        if feature in self.features:
+            return True
+        problem = unknown_features((feature,))
+        if problem:
+            raise ValueError(problem)
+        return False
 
     def as_dict(self) -> dict[str, object]:
         """The record as plain JSON-ready values."""
@@ -84,6 +102,7 @@ class Device:
             "multiprocessor_count": self.multiprocessor_count,
             "total_memory": self.total_memory,
             "interpreter": self.interpreter,
+            "features": sorted(self.features),
         }
 
 
@@ -232,11 +251,27 @@ def device_module() -> Any:
     return _state().module
 
 
+def disabled_features() -> frozenset[str]:
+    """The features ``GEMS_DISABLE_FEATURES`` (comma-separated names) turns off on every
+    device, e.g. ``tensor_descriptors`` to run the portable matmul on a Hopper GPU.
+
+    Raises:
+        ConfigError: a name is not a known feature (the message lists the valid ones).
+    """
+    raw = os.environ.get("GEMS_DISABLE_FEATURES", "")
+    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
+    problem = unknown_features(names)
+    if problem:
+        raise ConfigError(f"GEMS_DISABLE_FEATURES: {problem}")
+    return names
+
+
 def _describe(state: _State, index: int) -> Device:
     info = state.detection.vendor
     if info.is_cpu:
         import platform
 
+        machine = Arch(name=platform.machine() or "cpu")
         pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
         return Device(
             vendor=info,
@@ -244,11 +279,12 @@ def _describe(state: _State, index: int) -> Device:
             index=0,
             count=1,
             name=platform.processor() or platform.machine() or "cpu",
-            arch=Arch(name=platform.machine() or "cpu"),
+            arch=machine,
             warp_size=1,
             multiprocessor_count=os.cpu_count() or 1,
             total_memory=int(pages) * int(os.sysconf("SC_PAGE_SIZE")) if pages else 0,
             interpreter=True,
+            features=info.features_of(machine) - disabled_features(),
         )
     props = state.module.get_device_properties(index)
     major, minor = getattr(props, "major", None), getattr(props, "minor", None)
@@ -272,6 +308,7 @@ def _describe(state: _State, index: int) -> Device:
         multiprocessor_count=int(getattr(props, "multi_processor_count", 0) or 0),
         total_memory=int(getattr(props, "total_memory", 0) or 0),
         interpreter=False,
+        features=info.features_of(arch) - disabled_features(),
     )
 
 
@@ -300,6 +337,33 @@ def current_device() -> Device:
     state = _state()
     index = 0 if state.detection.vendor.is_cpu else int(state.module.current_device())
     return get_device(index)
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    # Triton's allocator protocol: ``size`` bytes on the device the launch runs on (the
+    # current one); torch's caching allocator hands out 512-byte aligned blocks.
+    del alignment, stream
+    return torch.empty(size, dtype=torch.int8, device=current_device().torch_device)
+
+
+def ensure_scratch_allocator() -> None:
+    """Let Triton allocate the global scratch memory some kernels need at launch.
+
+    Kernels that build tensor descriptors on the device (``tl.make_tensor_descriptor``)
+    need a few hundred bytes of scratch per program, which Triton asks an allocator for.
+    This installs one that takes it from torch's caching allocator on the current device,
+    unless an allocator is already installed in this context (a user's is kept). Cheap
+    enough to call before every such launch, which covers new threads too.
+    """
+    from triton.runtime import _allocation
+
+    var = getattr(_allocation, "_allocator", None)
+    null = getattr(_allocation, "NullAllocator", None)
+    if var is not None and null is not None and not isinstance(var.get(), null):
+        return
+    import triton
+
+    triton.set_allocator(_scratch)
 
 
 class DeviceGuard:

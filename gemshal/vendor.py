@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from gemshal.probe import Claim, Facts
 
-__all__ = ["Arch", "Capabilities", "Probe", "VendorInfo"]
+__all__ = ["FEATURES", "Arch", "ArchFeatures", "Capabilities", "Probe", "VendorInfo"]
 
 Probe = Callable[["Facts"], "Claim | None"]
 """A vendor's in-process probe, which looks at the facts and returns a claim or None."""
@@ -90,6 +90,75 @@ class Capabilities:
         return None
 
 
+FEATURES: dict[str, str] = {
+    "tensor_descriptors": (
+        "tl.make_tensor_descriptor tiles moved by a hardware copy engine (NVIDIA's TMA), "
+        "for the persistent matmul"
+    ),
+}
+"""Hardware features a kernel may ask a device for (:meth:`gemshal.Device.has`), by name,
+with what each one enables."""
+
+
+def unknown_features(names: Iterable[str]) -> str | None:
+    """Why ``names`` are not all features gemshal knows (naming them and the valid ones), or
+    None."""
+    import difflib
+
+    bad = [n for n in names if n not in FEATURES]
+    if not bad:
+        return None
+    hints = []
+    for name in bad:
+        close = difflib.get_close_matches(str(name), list(FEATURES), n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return f"unknown feature {', '.join(hints)}; the features are {', '.join(sorted(FEATURES))}"
+
+
+def _check_features(
+    _inst: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+) -> None:
+    problem = unknown_features(value)
+    if problem:
+        raise ValueError(f"{attribute.name}: {problem}")
+
+
+@attrs.frozen
+class ArchFeatures:
+    """Hardware features that a range of one vendor's architectures has.
+
+    A rule applies to an architecture whose compute capability is at least
+    ``min_capability`` (NVIDIA-style devices), or whose tag is one of ``archs``
+    (``"gfx950"``); a rule with neither applies to every architecture of the vendor.
+
+    Attributes:
+        features: Names from :data:`FEATURES`.
+        min_capability: The first compute capability that has them, e.g. ``(9, 0)``.
+        archs: Architecture tags that have them.
+    """
+
+    features: tuple[str, ...] = attrs.field(converter=_str_tuple, validator=_check_features)
+    min_capability: tuple[int, int] | None = None
+    archs: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+
+    def applies(self, arch: Arch) -> bool:
+        """Whether ``arch`` is in this rule's range."""
+        if self.min_capability is None and not self.archs:
+            return True
+        if arch.tag in self.archs:
+            return True
+        cap = arch.capability
+        return self.min_capability is not None and cap is not None and cap >= self.min_capability
+
+
+def _rules_tuple(value: Iterable[ArchFeatures]) -> tuple[ArchFeatures, ...]:
+    rules = tuple(value)
+    for rule in rules:
+        if not isinstance(rule, ArchFeatures):
+            raise TypeError(f"arch_features takes ArchFeatures rules; got {rule!r}")
+    return rules
+
+
 @attrs.frozen(eq=False)
 class VendorInfo:
     """One accelerator vendor: how torch, Triton and torch.distributed name it.
@@ -118,6 +187,9 @@ class VendorInfo:
             ``matrix_instr_nonkdim``, ``kpack``), each one of
             :data:`gemshal.tune_format.LAUNCH_OPTIONS`; tuning files may set them on
             this vendor only, and they reach Triton as compile options.
+        arch_features: Which of its architectures have which hardware features
+            (:class:`ArchFeatures` rules); a device's ``features`` are the union of the
+            rules that apply to its architecture.
 
     Raises:
         ConfigError: ``launch_options`` names a keyword gemshal cannot pass to Triton
@@ -143,6 +215,15 @@ class VendorInfo:
     launch_options: tuple[str, ...] = attrs.field(
         default=(), converter=_str_tuple, validator=_check_launch_options
     )
+    arch_features: tuple[ArchFeatures, ...] = attrs.field(default=(), converter=_rules_tuple)
+
+    def features_of(self, arch: Arch) -> frozenset[str]:
+        """The hardware features this vendor declares for ``arch``."""
+        out: set[str] = set()
+        for rule in self.arch_features:
+            if rule.applies(arch):
+                out.update(rule.features)
+        return frozenset(out)
 
     @property
     def is_cpu(self) -> bool:
@@ -158,6 +239,8 @@ class VendorInfo:
                 value = None if value is None else getattr(value, "__qualname__", repr(value))
             elif isinstance(value, Capabilities):
                 value = attrs.asdict(value)
+            elif field.name == "arch_features":
+                value = [attrs.asdict(rule) for rule in value]
             elif isinstance(value, tuple):
                 value = list(value)
             out[field.name] = value

@@ -59,3 +59,54 @@ def test_a_kernel_hands_back_a_dtype_the_vendor_lacks(dtype: torch.dtype,
     with pytest.raises(Unsupported, match=flag):
         dtypes.check_supported(dtype)
     dtypes.check_supported(torch.float32)  # what no flag governs stays supported
+
+
+def test_arch_features_apply_by_capability_or_tag() -> None:
+    """A rule covers capabilities from its minimum up, or the tags it names; the NVIDIA
+    record gives Hopper tensor descriptors and Ampere none."""
+    from gemshal import Arch, ArchFeatures
+    from gemshal.platforms.nvidia import VENDOR
+
+    rule = ArchFeatures(("tensor_descriptors",), min_capability=(9, 0))
+    assert rule.applies(Arch.from_capability(9, 0)) and rule.applies(Arch.from_capability(12, 0))
+    assert not rule.applies(Arch.from_capability(8, 9)) and not rule.applies(Arch(name="gfx942"))
+    by_tag = ArchFeatures(("tensor_descriptors",), archs=("gfx950",))
+    assert by_tag.applies(Arch(name="gfx950")) and not by_tag.applies(Arch(name="gfx942"))
+    assert VENDOR.features_of(Arch.from_capability(9, 0)) == {"tensor_descriptors"}
+    assert VENDOR.features_of(Arch.from_capability(8, 0)) == frozenset()
+
+
+def test_unknown_feature_names_are_errors_that_list_the_valid_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A misspelt feature is refused in a rule, in Device.has and in GEMS_DISABLE_FEATURES,
+    each message naming the bad name, a close match and the features."""
+    import gemshal
+    from gemshal import ArchFeatures
+    from gemshal.device import disabled_features
+    from gemshal.errors import ConfigError
+
+    hint = r"'tensor_descriptor' \(did you mean 'tensor_descriptors'\?\)"
+    with pytest.raises(ValueError, match=hint):
+        ArchFeatures(("tensor_descriptor",))
+    with pytest.raises(ValueError, match="the features are tensor_descriptors"):
+        gemshal.current_device().has("tma")
+    monkeypatch.setenv("GEMS_DISABLE_FEATURES", "tma")
+    with pytest.raises(ConfigError, match="GEMS_DISABLE_FEATURES: unknown feature 'tma'"):
+        disabled_features()
+    monkeypatch.setenv("GEMS_DISABLE_FEATURES", " tensor_descriptors, ")
+    assert disabled_features() == {"tensor_descriptors"}
+
+
+def test_records_report_features_as_json() -> None:
+    """The device record lists its features sorted; a vendor record its rules, JSON-ready."""
+    import json
+
+    import gemshal
+    from gemshal.platforms.nvidia import VENDOR
+
+    d = gemshal.current_device()
+    assert json.loads(json.dumps(d.as_dict()))["features"] == sorted(d.features)
+    assert json.loads(json.dumps(VENDOR.as_dict()))["arch_features"] == [
+        {"features": ["tensor_descriptors"], "min_capability": [9, 0], "archs": []}
+    ]

@@ -6,7 +6,7 @@ Uses torch"s built-in CUDA runtime; the probe reads torch.cuda but starts no sub
 from __future__ import annotations
 
 from gemshal.platforms import _probes
-from gemshal.vendor import Capabilities, VendorInfo
+from gemshal.vendor import ArchFeatures, Capabilities, VendorInfo
 
 VENDOR = VendorInfo(
     name="nvidia",
@@ -22,4 +22,6 @@ VENDOR = VendorInfo(
     command_probe=("nvidia-smi", "-L"),
     probe=_probes.nvidia,
     warp_size=32,
+    # Hopper (sm90) and later move tiles with the tensor memory accelerator (TMA).
+    arch_features=(ArchFeatures(("tensor_descriptors",), min_capability=(9, 0)),),
 )

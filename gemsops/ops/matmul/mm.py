@@ -6,7 +6,9 @@ read through their strides (the transposed views of a linear layer's backward ar
 copied), and the ``addmm`` epilogue (``beta * self + alpha * product``) fused. Small-M,
 long-K products (decode shapes) split K over several programs that write fp32 partial
 tiles, summed by a second kernel that applies the epilogue. A product with a single
-row (M = 1) is a matrix-vector product and has its own kernel.
+row (M = 1) is a matrix-vector product and has its own kernel. On devices with tensor
+descriptors, fp16/bf16 products that are not split go to the persistent kernel of
+:mod:`gemsops.ops.matmul.persistent` instead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, check_supported, tl_acc
 from gemsops.ops.grid import cdiv
+from gemsops.ops.matmul import persistent
 from gemsops.ops.outputs import prepare_out
 
 __all__ = ["addmm", "bmm", "launch_product", "mm"]
@@ -295,6 +298,10 @@ def launch_product(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: 
         sc = (0, *sc)
     if len(ss) == 2:
         ss = (0, *ss)
+    if split == 1 and not single_row and persistent.eligible(a, b, c):
+        # Hopper and later: the persistent tensor-descriptor kernel.
+        persistent.launch(a, b, c, bias, alpha, beta)
+        return
     mv, mm, reduce = _consts(dtype, bias is not None, _precision(dtype), split)
     with gemshal.device_guard(a):
         if single_row:

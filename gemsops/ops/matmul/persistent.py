@@ -1,0 +1,257 @@
+"""The persistent tensor-descriptor matmul: mm, addmm and bmm on devices that have
+``tensor_descriptors`` (Hopper and later on NVIDIA).
+
+One program per multiprocessor walks the output tiles in grouped order (neighbouring
+tiles share operand rows and columns in L2). Operand tiles are fetched through tensor
+descriptors, so the copy engine moves them into shared memory while the tensor cores work
+on the previous ones; the result tile is written back through a descriptor as well. The
+epilogue fuses ``alpha``, the addmm term (a bias row for linear layers) and the cast to
+the output type. Operands may be transposed views (linear's ``weight.t()``, attention's
+``k.transpose(-2, -1)``): the descriptor is built over the transposed matrix and the tile
+is transposed in registers, so nothing is copied.
+
+A descriptor needs a 16-byte aligned base, a unit stride in its last dimension and
+16-byte aligned other strides; :func:`eligible` checks this, and the caller falls back to
+the portable kernel (:mod:`gemsops.ops.matmul.mm`) otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+import gemshal
+from gemshal.autotune import autotune
+from gemsops.ops.grid import cdiv
+
+__all__ = ["eligible", "launch"]
+
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _descriptor(
+    base, batch, rows, cols, stride_b, stride_r,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BATCHED: tl.constexpr,
+):
+    # A [rows, cols] matrix (per batch entry) with unit column stride.
+    if BATCHED:
+        return tl.make_tensor_descriptor(base, shape=[batch, rows, cols],
+                                         strides=[stride_b, stride_r, 1],
+                                         block_shape=[1, BLOCK_R, BLOCK_C])
+    else:
+        return tl.make_tensor_descriptor(base, shape=[rows, cols], strides=[stride_r, 1],
+                                         block_shape=[BLOCK_R, BLOCK_C])
+
+
+@triton.jit
+def _load(desc, b, r, c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BATCHED: tl.constexpr):
+    if BATCHED:
+        return desc.load([b, r, c]).reshape(BLOCK_R, BLOCK_C)
+    else:
+        return desc.load([r, c])
+
+
+@triton.jit
+def _store(desc, b, r, c, tile, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+           BATCHED: tl.constexpr):
+    if BATCHED:
+        desc.store([b, r, c], tile.reshape(1, BLOCK_R, BLOCK_C))
+    else:
+        desc.store([r, c], tile)
+
+
+@triton.jit
+def _tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    # (batch, tile row, tile column) of linear tile number ``tile``; within one batch
+    # entry, tile rows go in groups of GROUP_M so consecutive tiles share B's columns.
+    per_batch = tiles_m * tiles_n
+    b = tile // per_batch
+    t = tile % per_batch
+    width = GROUP_M * tiles_n
+    first_m = (t // width) * GROUP_M
+    rows = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (t % width) % rows
+    pid_n = (t % width) // rows
+    return b, pid_m, pid_n
+
+
+@autotune("mm_persistent", key=["M", "N", "K"])
+@triton.jit
+def _mm_persistent_kernel(
+    A,  # [batch, M, K]: K contiguous, or M contiguous when A_T
+    B,  # [batch, K, N]: N contiguous, or K contiguous when B_T
+    C,  # [batch, M, N], N contiguous
+    Bias,  # addmm's term broadcast to [batch, M, N] (stride 0 on broadcast dims)
+    M, N, K, BATCH,
+    stride_ab, stride_a,  # batch stride; stride of A's non-unit dim
+    stride_bb, stride_b,
+    stride_cb, stride_cm,
+    stride_sb, stride_sm, stride_sn,
+    alpha, beta,
+    NUM_SMS,  # programs launched (at most one per multiprocessor)
+    A_T: tl.constexpr,  # A is stored [K, M] (a transposed view)
+    B_T: tl.constexpr,  # B is stored [N, K] (linear's weight.t())
+    BATCHED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SCALE: tl.constexpr,  # alpha != 1
+    UPCAST: tl.constexpr,  # widen tiles to fp32 before tl.dot (the interpreter's bf16)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPILOGUE_SPLIT: tl.constexpr,  # store the result tile as two column halves
+    FLATTEN: tl.constexpr,  # let the pipeliner overlap one tile's epilogue with the next
+):
+    if A_T:
+        a_desc = _descriptor(A, BATCH, K, M, stride_ab, stride_a, BLOCK_K, BLOCK_M, BATCHED)
+    else:
+        a_desc = _descriptor(A, BATCH, M, K, stride_ab, stride_a, BLOCK_M, BLOCK_K, BATCHED)
+    if B_T:
+        b_desc = _descriptor(B, BATCH, N, K, stride_bb, stride_b, BLOCK_N, BLOCK_K, BATCHED)
+    else:
+        b_desc = _descriptor(B, BATCH, K, N, stride_bb, stride_b, BLOCK_K, BLOCK_N, BATCHED)
+    if EPILOGUE_SPLIT:
+        c_desc = _descriptor(C, BATCH, M, N, stride_cb, stride_cm, BLOCK_M, BLOCK_N // 2,
+                             BATCHED)
+    else:
+        c_desc = _descriptor(C, BATCH, M, N, stride_cb, stride_cm, BLOCK_M, BLOCK_N, BATCHED)
+
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles = tiles_m * tiles_n * BATCH
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # The epilogue keeps its own tile counter: with FLATTEN the loop body is software
+    # pipelined across tiles, and the epilogue's tile trails the loads' by one.
+    done = tl.program_id(0) - NUM_SMS
+    for tile in tl.range(tl.program_id(0), tiles, NUM_SMS, flatten=FLATTEN):
+        b, pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(k_tiles):
+            off_k = kt * BLOCK_K
+            # Out-of-range rows, columns and the ragged last K tile arrive as zeros.
+            if A_T:
+                a = _load(a_desc, b, off_k, off_m, BLOCK_K, BLOCK_M, BATCHED).T
+            else:
+                a = _load(a_desc, b, off_m, off_k, BLOCK_M, BLOCK_K, BATCHED)
+            if B_T:
+                w = _load(b_desc, b, off_n, off_k, BLOCK_N, BLOCK_K, BATCHED).T
+            else:
+                w = _load(b_desc, b, off_k, off_n, BLOCK_K, BLOCK_N, BATCHED)
+            if UPCAST:
+                a = a.to(tl.float32)
+                w = w.to(tl.float32)
+            acc = tl.dot(a, w, acc)
+
+        done += NUM_SMS
+        b, pid_m, pid_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        if SCALE:
+            acc = acc * alpha
+        if HAS_BIAS:
+            rm = off_m + tl.arange(0, BLOCK_M)
+            rn = off_n + tl.arange(0, BLOCK_N)
+            s_ptrs = (Bias + b.to(tl.int64) * stride_sb + rm[:, None].to(tl.int64) * stride_sm
+                      + rn[None, :] * stride_sn)
+            mask = (rm[:, None] < M) & (rn[None, :] < N)
+            acc += beta * tl.load(s_ptrs, mask=mask, other=0.0).to(tl.float32)
+        out = acc.to(C.dtype.element_ty)
+        if EPILOGUE_SPLIT:
+            # Two [BLOCK_M, BLOCK_N / 2] halves: half the shared memory for the store.
+            left, right = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
+            _store(c_desc, b, off_m, off_n, left, BLOCK_M, BLOCK_N // 2, BATCHED)
+            _store(c_desc, b, off_m, off_n + BLOCK_N // 2, right, BLOCK_M, BLOCK_N // 2,
+                   BATCHED)
+        else:
+            _store(c_desc, b, off_m, off_n, out, BLOCK_M, BLOCK_N, BATCHED)
+
+
+def _layout(t: Tensor) -> tuple[bool, int] | None:
+    """(transposed, stride of the non-unit dim) of a 2-D matrix view a descriptor can read:
+    one unit stride, the other a multiple of 16 bytes; None when there is none."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    s_r, s_c = t.stride(-2), t.stride(-1)
+    size = t.element_size()
+    if s_c == 1 or cols == 1:
+        other = s_r if rows > 1 else max(cols, 1)
+        if other * size % 16 == 0 and other >= cols:
+            return False, other
+    if s_r == 1 or rows == 1:
+        other = s_c if cols > 1 else max(rows, 1)
+        if other * size % 16 == 0 and other >= rows:
+            return True, other
+    return None
+
+
+def eligible(a: Tensor, b: Tensor, c: Tensor) -> bool:
+    """Whether the persistent kernel can serve ``c = a @ b`` here: the device has tensor
+    descriptors, the operands are fp16/bf16 and every matrix meets the descriptor rules
+    (16-byte aligned base and strides, a unit stride in one dimension; ``c`` row-major)."""
+    if a.dtype not in _DTYPES or not gemshal.device_of(a).has("tensor_descriptors"):
+        return False
+    for t in (a, b, c):
+        if t.data_ptr() % 16:
+            return False
+        # A batch entry starts on a 16-byte boundary; a shared matrix (batch stride 0)
+        # is left to the portable kernel.
+        if t.dim() == 3 and t.shape[0] > 1 and (
+            t.stride(0) <= 0 or t.stride(0) * t.element_size() % 16
+        ):
+            return False
+    if _layout(a) is None or _layout(b) is None:
+        return False
+    layout = _layout(c)
+    return layout is not None and not layout[0]
+
+
+_CONSTS: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
+           beta: float) -> None:
+    """``c[i] = alpha * a[i] @ b[i] (+ beta * bias[i])`` with the persistent kernel.
+
+    2-D or 3-D operands (a batch stride of 0 shares one matrix); the caller checked
+    :func:`eligible` and the shapes, and ``bias`` is already broadcast to ``c``'s shape.
+    """
+    if a.dim() == 3 and a.shape[0] == 1:
+        a, b, c = a[0], b[0], c[0]
+        bias = None if bias is None else bias[0]
+    batched = a.dim() == 3
+    batch = a.shape[0] if batched else 1
+    M, K = a.shape[-2], a.shape[-1]
+    N = b.shape[-1]
+    a_t, a_s = _layout(a) or (False, 0)
+    b_t, b_s = _layout(b) or (False, 0)
+    s = bias if bias is not None else c
+    ss = s.stride() if s.dim() == 3 else (0, *s.stride())
+    upcast = a.dtype == torch.bfloat16 and gemshal.device_of(a).interpreter
+    key = (a_t, b_t, batched, bias is not None, alpha != 1.0, upcast)
+    consts = _CONSTS.get(key)
+    if consts is None:
+        consts = _CONSTS[key] = {"A_T": a_t, "B_T": b_t, "BATCHED": batched,
+                                 "HAS_BIAS": bias is not None, "SCALE": alpha != 1.0,
+                                 "UPCAST": upcast}
+    sms = gemshal.device_of(a).multiprocessor_count
+
+    def grid(meta: dict[str, Any]) -> tuple[int]:
+        return (min(sms, batch * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
+
+    with gemshal.device_guard(a):
+        gemshal.ensure_scratch_allocator()
+        _mm_persistent_kernel.launch(
+            grid,
+            (a, b, c, s, M, N, K, batch,
+             a.stride(0) if batched else 0, a_s,
+             b.stride(0) if batched else 0, b_s,
+             c.stride(0) if batched else 0, c.stride(-2),
+             *ss, alpha, beta, sms),
+            consts,
+        )

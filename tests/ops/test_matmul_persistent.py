@@ -1,0 +1,126 @@
+"""The persistent tensor-descriptor matmul (gemsops.ops.matmul.persistent).
+
+Its kernel runs on the CPU interpreter here and compiled on devices that have
+``tensor_descriptors``; which products reach it is decided by ``eligible`` and the
+device record, tested with the feature switched on for a CPU device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gemshal
+from gemsops.ops.matmul import mm as MM
+from gemsops.ops.matmul import persistent
+from gemsops.testing.tolerance import assert_close
+
+DEV = gemshal.current_device().torch_device
+RUNS_KERNEL = DEV.type == "cpu" or gemshal.current_device().has("tensor_descriptors")
+ALIGNED = st.integers(1, 9).map(lambda i: 8 * i)  # 16-byte multiples of fp16/bf16 rows
+
+
+def _operand(rows: int, cols: int, dtype: torch.dtype, transposed: bool,
+             batch: int | None) -> torch.Tensor:
+    lead = () if batch is None else (batch,)
+    if transposed:
+        return torch.randn(*lead, cols, rows, dtype=dtype, device=DEV).transpose(-1, -2)
+    return torch.randn(*lead, rows, cols, dtype=dtype, device=DEV)
+
+
+@pytest.mark.skipif(not RUNS_KERNEL, reason="this device has no tensor descriptors")
+@settings(max_examples=20, deadline=None)
+@given(m=ALIGNED, n=ALIGNED, k=ALIGNED, dtype=st.sampled_from([torch.float16, torch.bfloat16]),
+       a_t=st.booleans(), b_t=st.booleans(), batch=st.sampled_from([None, 1, 3]),
+       bias=st.sampled_from([None, "row", "full"]), alpha=st.sampled_from([1.0, -0.5]),
+       beta=st.sampled_from([1.0, 2.0]))
+def test_persistent_kernel_matches_torch(m: int, n: int, k: int, dtype: torch.dtype, a_t: bool,
+                                         b_t: bool, batch: int | None, bias: str | None,
+                                         alpha: float, beta: float) -> None:
+    """Property: for every operand layout the descriptors accept (row-major or transposed
+    views, batched or not, ragged edge tiles), ``alpha * a @ b + beta * bias`` written by
+    the persistent kernel equals torch's float32 product within the output type's
+    rounding."""
+    if bias is not None and batch is not None:
+        bias = None  # addmm, the only product with a bias, is not batched
+    a = _operand(m, k, dtype, a_t, batch)
+    b = _operand(k, n, dtype, b_t, batch)
+    shape = (*a.shape[:-1], n)
+    c = torch.empty(shape, dtype=dtype, device=DEV)
+    s = None
+    if bias == "row":
+        s = torch.randn(n, dtype=dtype, device=DEV).expand(shape)
+    elif bias == "full":
+        s = torch.randn(shape, dtype=dtype, device=DEV)
+    persistent.launch(a, b, c, s, alpha, beta)
+    want = alpha * (a.float() @ b.float())
+    if s is not None:
+        want = want + beta * s.float()
+    assert_close(c, want.to(dtype), reduce_size=k)
+
+
+@pytest.fixture
+def with_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The current device, as if its vendor declared tensor descriptors for it."""
+    real = gemshal.device_of
+
+    def device_of(t: Any) -> gemshal.Device:
+        d = real(t)
+        return attrs.evolve(d, features=d.features | {"tensor_descriptors"})
+
+    monkeypatch.setattr(gemshal, "device_of", device_of)
+
+
+def test_eligible_follows_the_descriptor_rules(with_descriptors: None) -> None:
+    """Aligned fp16/bf16 matrices with one unit stride qualify; fp32, a row of 7 halves
+    (14 bytes), an offset base, a batch stride of 0 and a column-major result do not."""
+    h = torch.float16
+    a, b = torch.randn(32, 64, dtype=h), torch.randn(64, 48, dtype=h)
+    c = torch.empty(32, 48, dtype=h)
+    assert persistent.eligible(a, b, c)
+    a_t, b_t = torch.randn(64, 32, dtype=h).t(), torch.randn(48, 64, dtype=h).t()
+    assert persistent.eligible(a_t, b_t, c)
+    assert not persistent.eligible(a.float(), b.float(), c.float())
+    assert not persistent.eligible(torch.randn(32, 7, dtype=h), torch.randn(7, 48, dtype=h), c)
+    assert not persistent.eligible(torch.randn(32, 65, dtype=h)[:, 1:], b, c)
+    shared = torch.randn(64, 48, dtype=h).expand(3, 64, 48)
+    assert not persistent.eligible(torch.randn(3, 32, 64, dtype=h), shared,
+                                   torch.empty(3, 32, 48, dtype=h))
+    assert not persistent.eligible(a, b, torch.empty(48, 32, dtype=h).t())
+
+
+def test_eligible_needs_the_device_feature() -> None:
+    """Without ``tensor_descriptors`` in the device record nothing qualifies."""
+    h = torch.float16
+    a, b = torch.randn(32, 64, dtype=h), torch.randn(64, 48, dtype=h)
+    c = torch.empty(32, 48, dtype=h)
+    has = gemshal.device_of(a).has("tensor_descriptors")
+    assert persistent.eligible(a, b, c) is has
+
+
+def test_products_route_to_the_persistent_kernel_where_eligible(
+    with_descriptors: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mm / addmm / bmm in half types go to the persistent kernel when the device has the
+    feature; fp32, and decode shapes that split K, keep the portable kernel."""
+    calls: list[tuple[int, ...]] = []
+
+    def record(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *rest: Any) -> None:
+        calls.append(tuple(c.shape))
+        c.copy_(torch.matmul(a.float(), b.float()).to(c.dtype))
+
+    monkeypatch.setattr(persistent, "launch", record)
+    h = torch.float16
+    MM.mm(torch.randn(32, 64, dtype=h), torch.randn(64, 48, dtype=h))
+    weight = torch.randn(48, 64, dtype=h)
+    MM.addmm(torch.randn(48, dtype=h), torch.randn(32, 64, dtype=h), weight.t())
+    MM.bmm(torch.randn(2, 32, 64, dtype=h), torch.randn(2, 64, 48, dtype=h))
+    assert calls == [(32, 48), (32, 48), (2, 32, 48)]
+    MM.mm(torch.randn(32, 64), torch.randn(64, 48))  # fp32
+    MM.mm(torch.randn(4, 4096, dtype=h), torch.randn(4096, 64, dtype=h))  # split along K
+    assert len(calls) == 3
