@@ -17,6 +17,7 @@ the portable kernel (:mod:`gemsops.ops.matmul.mm`) otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ import gemshal
 from gemshal.autotune import autotune
 from gemsops.ops.grid import cdiv
 
-__all__ = ["eligible", "launch"]
+__all__ = ["eligible", "launch", "plan"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -106,6 +107,7 @@ def _mm_persistent_kernel(
     GROUP_M: tl.constexpr,
     EPILOGUE_SPLIT: tl.constexpr,  # store the result tile as two column halves
     FLATTEN: tl.constexpr,  # let the pipeliner overlap one tile's epilogue with the next
+    WARP_SPECIALIZE: tl.constexpr = False,  # separate producer and consumer warps
 ):
     if A_T:
         a_desc = _descriptor(A, BATCH, K, M, stride_ab, stride_a, BLOCK_K, BLOCK_M, BATCHED)
@@ -128,7 +130,8 @@ def _mm_persistent_kernel(
     # The epilogue keeps its own tile counter: with FLATTEN the loop body is software
     # pipelined across tiles, and the epilogue's tile trails the loads' by one.
     done = tl.program_id(0) - NUM_SMS
-    for tile in tl.range(tl.program_id(0), tiles, NUM_SMS, flatten=FLATTEN):
+    for tile in tl.range(tl.program_id(0), tiles, NUM_SMS, flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
         b, pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -214,13 +217,13 @@ def eligible(a: Tensor, b: Tensor, c: Tensor) -> bool:
 _CONSTS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
-def launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
-           beta: float) -> None:
-    """``c[i] = alpha * a[i] @ b[i] (+ beta * bias[i])`` with the persistent kernel.
+Grid = Callable[[dict[str, Any]], tuple[int]]
 
-    2-D or 3-D operands (a batch stride of 0 shares one matrix); the caller checked
-    :func:`eligible` and the shapes, and ``bias`` is already broadcast to ``c``'s shape.
-    """
+
+def plan(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
+         beta: float) -> tuple[Grid, tuple[Any, ...], dict[str, Any]]:
+    """The grid, positional arguments and constant keywords of one persistent launch
+    (what :func:`launch` passes the kernel; a tuning sweep adds a config to them)."""
     if a.dim() == 3 and a.shape[0] == 1:
         a, b, c = a[0], b[0], c[0]
         bias = None if bias is None else bias[0]
@@ -244,14 +247,22 @@ def launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
     def grid(meta: dict[str, Any]) -> tuple[int]:
         return (min(sms, batch * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
 
+    args = (a, b, c, s, M, N, K, batch,
+            a.stride(0) if batched else 0, a_s,
+            b.stride(0) if batched else 0, b_s,
+            c.stride(0) if batched else 0, c.stride(-2),
+            *ss, alpha, beta, sms)
+    return grid, args, consts
+
+
+def launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
+           beta: float) -> None:
+    """``c[i] = alpha * a[i] @ b[i] (+ beta * bias[i])`` with the persistent kernel.
+
+    2-D or 3-D operands (a batch stride of 0 shares one matrix); the caller checked
+    :func:`eligible` and the shapes, and ``bias`` is already broadcast to ``c``'s shape.
+    """
+    grid, args, consts = plan(a, b, c, bias, alpha, beta)
     with gemshal.device_guard(a):
         gemshal.ensure_scratch_allocator()
-        _mm_persistent_kernel.launch(
-            grid,
-            (a, b, c, s, M, N, K, batch,
-             a.stride(0) if batched else 0, a_s,
-             b.stride(0) if batched else 0, b_s,
-             c.stride(0) if batched else 0, c.stride(-2),
-             *ss, alpha, beta, sms),
-            consts,
-        )
+        _mm_persistent_kernel.launch(grid, args, consts)

@@ -1,0 +1,271 @@
+"""Matmul tuning sweep on one GPU: every candidate config of the persistent kernel on the
+large shapes, and every (split, tile) of the split-K and matrix-vector kernels on the
+decode shapes, each timed end to end (do_bench median, L2 flushed) beside torch.
+
+    python3 .ci/sweep_mm.py OUT_DIR            # compile in parallel, then time
+    python3 .ci/sweep_mm.py OUT_DIR --compile I N   # (worker) compile share I of N
+
+Compiling dominates a sweep, so N worker processes first launch their share of the
+configs once (filling Triton's cache); the timing pass then runs alone on the device.
+Writes OUT_DIR/sweep-mm.json and prints the best configs per case.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+import triton
+import triton.testing
+
+import gemshal
+import gemsops
+from gemsops import registry
+from gemsops.ops.grid import cdiv
+from gemsops.ops.matmul import mm as MM
+from gemsops.ops.matmul import persistent as P
+
+TINY = os.environ.get("SWEEP_TINY") == "1"  # a dry run of the logic on small shapes
+DEV = gemshal.current_device().torch_device
+BF16 = torch.bfloat16
+BIG, WIDE, DEPTH = (64, 64, 64) if TINY else (4096, 14336, 4096)
+
+
+def persistent_configs() -> list[dict[str, Any]]:
+    out = []
+    shapes = [((128, 128, 64), (3, 4, 5), (4, 8)), ((128, 256, 64), (3, 4), (8,)),
+              ((128, 128, 128), (2, 3), (4, 8)), ((256, 128, 64), (3, 4), (8,))]
+    for (bm, bn, bk), stages, warps in shapes:
+        for st, w, epi, fl in itertools.product(stages, warps, (False, True), (False, True)):
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+                        "EPILOGUE_SPLIT": epi, "FLATTEN": fl, "num_stages": st,
+                        "num_warps": w})
+    for (bm, bn, bk), st, w in [((128, 128, 64), 4, 8), ((128, 256, 64), 3, 8),
+                                ((128, 128, 64), 3, 4)]:
+        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+                    "EPILOGUE_SPLIT": True, "FLATTEN": True, "WARP_SPECIALIZE": True,
+                    "num_stages": st, "num_warps": w})
+    return out
+
+
+def split_configs() -> list[dict[str, Any]]:
+    tiles = [(16, 64, 128, 4, 4), (16, 128, 128, 3, 4), (16, 128, 64, 5, 4),
+             (16, 64, 256, 3, 4), (16, 32, 256, 4, 4), (16, 256, 64, 4, 8),
+             (32, 64, 128, 4, 4), (16, 32, 128, 6, 2)]
+    return [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 1, "num_stages": s,
+             "num_warps": w} for m, n, k, s, w in tiles]
+
+
+def mv_configs() -> list[dict[str, Any]]:
+    return [{"BLOCK_N": n, "BLOCK_K": k, "num_warps": w} for n, k, w in [
+        (16, 256, 4), (8, 512, 4), (32, 128, 4), (16, 512, 8), (64, 64, 4), (128, 32, 4),
+        (256, 16, 4), (512, 16, 8), (32, 256, 8), (64, 128, 8), (4, 1024, 4), (8, 256, 2)]]
+
+
+def large_cases() -> list[tuple[str, Any, Any]]:
+    """(label, make() -> (a, b, bias), torch fn)"""
+    def mm(s: int) -> Any:
+        return lambda: (torch.randn(s, s, device=DEV, dtype=BF16),
+                        torch.randn(s, s, device=DEV, dtype=BF16), None)
+
+    def linear(s: int) -> Any:
+        return lambda: (torch.randn(s, s, device=DEV, dtype=BF16),
+                        torch.randn(s, s, device=DEV, dtype=BF16).t(),
+                        torch.randn(s, device=DEV, dtype=BF16))
+
+    def bmm(t: bool) -> Any:
+        def make() -> Any:
+            a = torch.randn(64, 2048, 128, device=DEV, dtype=BF16)
+            b = (torch.randn(64, 2048, 128, device=DEV, dtype=BF16).transpose(1, 2) if t
+                 else torch.randn(64, 128, 2048, device=DEV, dtype=BF16))
+            return a, b, None
+        return make
+
+    if TINY:
+        return [("mm tiny", mm(64)), ("linear tiny +bias", linear(64))]
+    return [("mm 4096^3", mm(4096)), ("mm 8192^3", mm(8192)), ("linear 4096^3 +bias", linear(4096)),
+            ("bmm 64x2048x2048x128", bmm(False)), ("bmm 64x2048x2048x128 (b^T)", bmm(True))]
+
+
+def decode_cases() -> list[tuple[str, Any]]:
+    out = []
+    for n in (BIG, WIDE):
+        for m in (1, 4, 16):
+            for lin in (False, True):
+                def make(m: int = m, n: int = n, lin: bool = lin) -> Any:
+                    a = torch.randn(m, DEPTH, device=DEV, dtype=BF16)
+                    b = (torch.randn(n, DEPTH, device=DEV, dtype=BF16).t() if lin
+                         else torch.randn(DEPTH, n, device=DEV, dtype=BF16))
+                    return a, b, None
+                out.append((f"{'linear' if lin else 'mm'} {m}x{n}x{DEPTH}", make))
+    return out
+
+
+def torch_fn(a: Any, b: Any, bias: Any) -> Any:
+    if bias is not None:
+        return lambda: torch.addmm(bias, a, b)
+    return (lambda: torch.bmm(a, b)) if a.dim() == 3 else (lambda: torch.mm(a, b))
+
+
+def bench(fn: Any, timing: bool) -> float:
+    if TINY:
+        fn()
+        return 1.0
+    if not timing:
+        fn()
+        return 0.0
+    return float(triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median"))
+
+
+def run(timing: bool, share: tuple[int, int] | None) -> list[dict[str, Any]]:
+    gemshal.ensure_scratch_allocator()
+    results = []
+    index = itertools.count()
+
+    def mine() -> bool:
+        i = next(index)
+        return share is None or i % share[1] == share[0]
+
+    pk = P._mm_persistent_kernel.fn
+    for label, make in large_cases():
+        a, b, bias = make()
+        shape = (*a.shape[:-1], b.shape[-1])
+        c = torch.empty(shape, device=DEV, dtype=a.dtype)
+        s = None if bias is None else bias.expand(shape)
+        flops = 2 * a.shape[-2] * b.shape[-1] * a.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
+        rec: dict[str, Any] = {"case": label, "kind": "persistent", "configs": []}
+        if timing:
+            rec["torch_ms"] = bench(torch_fn(a, b, bias), True)
+            with registry.use_gems():
+                f = torch_fn(a, b, bias)
+                f()
+                rec["gemsops_ms"] = bench(f, True)
+        grid, args, consts = P.plan(a, b, c, s, 1.0, 1.0)
+        for cfg in persistent_configs():
+            if not mine():
+                continue
+            meta = {**consts, **cfg}
+            try:
+                ms = bench(lambda: pk[grid](*args, **meta), timing)
+                err = None
+                if timing:
+                    want = torch_fn(a, b, bias)()
+                    if not torch.allclose(c.float(), want.float(), atol=0.5, rtol=0.05):
+                        err = "wrong result"
+            except Exception as e:  # noqa: BLE001 - a sweep records what fails
+                ms, err = float("inf"), f"{type(e).__name__}: {str(e)[:160]}"
+            rec["configs"].append({"config": cfg, "ms": ms, "error": err,
+                                   "tflops": flops / (ms * 1e-3) / 1e12 if ms else 0})
+        results.append(rec)
+        report(rec)
+        del a, b, c, s
+
+    mk, rk, vk = MM._mm_kernel.fn, MM._splitk_reduce_kernel.fn, MM._mv_kernel.fn
+    for label, make in decode_cases():
+        a, b, _ = make()
+        M, K, N = a.shape[0], a.shape[1], b.shape[1]
+        c = torch.empty(M, N, device=DEV, dtype=a.dtype)
+        rec = {"case": label, "kind": "decode", "configs": []}
+        if timing:
+            rec["torch_ms"] = bench(torch_fn(a, b, None), True)
+            with registry.use_gems():
+                f = torch_fn(a, b, None)
+                f()
+                rec["gemsops_ms"] = bench(f, True)
+        sa, sb, sc = (0, *a.stride()), (0, *b.stride()), (0, *c.stride())
+        for split in (1, 2, 4, 8, 16):
+            mv, mmc, red = MM._consts(a.dtype, False, None, split)
+            for cfg in split_configs():
+                if not mine():
+                    continue
+                meta = {**mmc, **cfg}
+                nw = cfg["num_warps"]
+
+                def once(split: int = split, meta: dict[str, Any] = meta, nw: int = nw,
+                         red: dict[str, Any] = red) -> None:
+                    bm, bn = meta["BLOCK_M"], meta["BLOCK_N"]
+                    if split == 1:
+                        mk[(cdiv(M, bm) * cdiv(N, bn), 1)](
+                            a, b, c, c, M, N, K, *sa, *sb, *sc, *sc, 1.0, 0.0, **meta)
+                        return
+                    work = torch.empty((split, M, N), device=DEV, dtype=torch.float32)
+                    mk[(cdiv(M, bm) * cdiv(N, bn), split)](
+                        a, b, work, c, M, N, K, *sa, *sb, *work.stride(), *sc, 1.0, 0.0,
+                        **meta)
+                    rk[(cdiv(M, 16), cdiv(N, 256))](
+                        work, c, c, M, N, *sc[1:], *sc[1:], 1.0, 0.0, **red, BLOCK_M=16,
+                        BLOCK_N=256, num_warps=4)
+                try:
+                    ms, err = bench(once, timing), None
+                    if timing and not torch.allclose(c.float(), (a.float() @ b.float()),
+                                                     atol=0.5, rtol=0.05):
+                        err = "wrong result"
+                except Exception as e:  # noqa: BLE001
+                    ms, err = float("inf"), f"{type(e).__name__}: {str(e)[:160]}"
+                rec["configs"].append({"config": {"split": split, **cfg}, "ms": ms,
+                                       "error": err})
+        if M == 1:
+            mv, _, _ = MM._consts(a.dtype, False, None, 1)
+            for cfg in mv_configs():
+                if not mine():
+                    continue
+                meta = {**mv, **cfg}
+
+                def once_mv(meta: dict[str, Any] = meta) -> None:
+                    vk[(cdiv(N, meta["BLOCK_N"]),)](
+                        a, b, c, c, N, K, a.stride(1), b.stride(0), b.stride(1), 1, 1,
+                        1.0, 0.0, int(b.stride(0) == 1), **meta)
+                try:
+                    ms, err = bench(once_mv, timing), None
+                except Exception as e:  # noqa: BLE001
+                    ms, err = float("inf"), f"{type(e).__name__}: {str(e)[:160]}"
+                rec["configs"].append({"config": {"mv": True, **cfg}, "ms": ms, "error": err})
+        results.append(rec)
+        report(rec)
+    return results
+
+
+def report(rec: dict[str, Any]) -> None:
+    if "torch_ms" not in rec:
+        return
+    rows = sorted(rec["configs"], key=lambda r: r["ms"])
+    print(f"== {rec['case']}: torch {rec['torch_ms'] * 1e3:.1f} us, gemsops now "
+          f"{rec['gemsops_ms'] * 1e3:.1f} us", flush=True)
+    for r in rows[:8]:
+        print(f"   {r['ms'] * 1e3:9.1f} us  {r['config']}  {r['error'] or ''}", flush=True)
+    bad = [r for r in rows if r["error"]]
+    if bad:
+        print(f"   {len(bad)} failed, e.g. {bad[0]['config']}: {bad[0]['error']}", flush=True)
+
+
+def main() -> None:
+    out = sys.argv[1]
+    gemsops.mm  # noqa: B018 - loads the op declarations
+    if len(sys.argv) > 2 and sys.argv[2] == "--compile":
+        run(False, (int(sys.argv[3]), int(sys.argv[4])))
+        return
+    n = int(os.environ.get("SWEEP_WORKERS", "12"))
+    t0 = time.time()
+    logs = tempfile.mkdtemp()
+    procs = [subprocess.Popen([sys.executable, __file__, out, "--compile", str(i), str(n)],
+                              stdout=subprocess.DEVNULL,
+                              stderr=open(f"{logs}/compile-{i}.log", "w"))
+             for i in range(n)]
+    for i, p in enumerate(procs):
+        if p.wait():
+            print(f"compile worker {i} failed:", open(f"{logs}/compile-{i}.log").read()[-2000:])
+    print(f"compiled in {time.time() - t0:.0f} s", flush=True)
+    results = run(True, None)
+    with open(f"{out}/sweep-mm.json", "w") as fh:
+        json.dump(results, fh, indent=1)
+    print(f"done in {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
