@@ -62,12 +62,6 @@ def split_configs() -> list[dict[str, Any]]:
              "num_warps": w} for m, n, k, s, w in tiles]
 
 
-def mv_configs() -> list[dict[str, Any]]:
-    return [{"BLOCK_N": n, "BLOCK_K": k, "num_warps": w} for n, k, w in [
-        (16, 256, 4), (8, 512, 4), (32, 128, 4), (16, 512, 8), (64, 64, 4), (128, 32, 4),
-        (256, 16, 4), (512, 16, 8), (32, 256, 8), (64, 128, 8), (4, 1024, 4), (8, 256, 2)]]
-
-
 def large_cases() -> list[tuple[str, Any, Any]]:
     """(label, make() -> (a, b, bias), torch fn)"""
     def mm(s: int) -> Any:
@@ -166,7 +160,7 @@ def run(timing: bool, share: tuple[int, int] | None) -> list[dict[str, Any]]:
         report(rec)
         del a, b, c, s
 
-    mk, rk, vk = MM._mm_kernel.fn, MM._splitk_reduce_kernel.fn, MM._mv_kernel.fn
+    mk, rk = MM._mm_kernel.fn, MM._splitk_reduce_kernel.fn
     for label, make in decode_cases():
         a, b, _ = make()
         M, K, N = a.shape[0], a.shape[1], b.shape[1]
@@ -180,7 +174,7 @@ def run(timing: bool, share: tuple[int, int] | None) -> list[dict[str, Any]]:
                 rec["gemsops_ms"] = bench(f, True)
         sa, sb, sc = (0, *a.stride()), (0, *b.stride()), (0, *c.stride())
         for split in (1, 2, 4, 8, 16):
-            mv, mmc, red = MM._consts(a.dtype, False, None, split)
+            mmc, red = MM._consts(a.dtype, False, None, split)
             for cfg in split_configs():
                 if not mine():
                     continue
@@ -210,22 +204,6 @@ def run(timing: bool, share: tuple[int, int] | None) -> list[dict[str, Any]]:
                     ms, err = float("inf"), f"{type(e).__name__}: {str(e)[:160]}"
                 rec["configs"].append({"config": {"split": split, **cfg}, "ms": ms,
                                        "error": err})
-        if M == 1:
-            mv, _, _ = MM._consts(a.dtype, False, None, 1)
-            for cfg in mv_configs():
-                if not mine():
-                    continue
-                meta = {**mv, **cfg}
-
-                def once_mv(meta: dict[str, Any] = meta) -> None:
-                    vk[(cdiv(N, meta["BLOCK_N"]),)](
-                        a, b, c, c, N, K, a.stride(1), b.stride(0), b.stride(1), 1, 1,
-                        1.0, 0.0, int(b.stride(0) == 1), **meta)
-                try:
-                    ms, err = bench(once_mv, timing), None
-                except Exception as e:  # noqa: BLE001
-                    ms, err = float("inf"), f"{type(e).__name__}: {str(e)[:160]}"
-                rec["configs"].append({"config": {"mv": True, **cfg}, "ms": ms, "error": err})
         results.append(rec)
         report(rec)
     return results

@@ -99,7 +99,7 @@ def test_k_zero_gives_zeros_and_m_zero_gives_empty() -> None:
 def test_single_row_products_match_torch(data: st.DataObject, n: int, k: int,
                                          dtype: torch.dtype, weight_layout: bool,
                                          beta: float, alpha: float) -> None:
-    """Property: with one row (the matrix-vector kernel), mm and addmm match torch for a
+    """Property: with one row (decode with one sequence), mm and addmm match torch for a
     [K, N] operand stored either way: a linear layer's weight.t() or a plain matrix."""
     a = _matrix(data.draw, 1, k, dtype)
     if weight_layout:
@@ -111,27 +111,6 @@ def test_single_row_products_match_torch(data: st.DataObject, n: int, k: int,
     out = MM.addmm(bias, a, b, beta=beta, alpha=alpha)
     expected = reference(torch.addmm, bias, a, b, beta=beta, alpha=alpha)
     assert_close(out, expected, reduce_size=max(k, 1) * 4)
-
-
-def test_single_row_products_take_the_matrix_vector_kernel(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An [1, K] x [K, N] product launches the matrix-vector kernel; two rows do not."""
-    launched: list[object] = []
-    real = MM._mv_kernel
-
-    class Spy:
-        def __getitem__(self, grid: object) -> Any:
-            launched.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(MM, "_mv_kernel", Spy())
-    w = torch.randn(24, 40, device=DEV)
-    a = torch.randn(1, 40, device=DEV)
-    assert_close(MM.mm(a, w.t()), reference(torch.mm, a, w.t()), reduce_size=40)
-    assert len(launched) == 1
-    MM.mm(torch.randn(2, 40, device=DEV), w.t())
-    assert len(launched) == 1
 
 
 @settings(max_examples=10)
@@ -151,9 +130,10 @@ def test_split_k_matches_unsplit(data: st.DataObject, m: int, n: int, k: int, sp
 
 def test_split_k_chosen_for_decode_shapes() -> None:
     """The host splits K (a power of two, at most 16) only for an unbatched small-M, long-K
-    product with fewer output tiles than the device has multiprocessors."""
+    product whose narrowest tiles would leave more than half the multiprocessors idle."""
     split = MM._split_k(1, 1, 128, 16384, 132)
     assert 2 <= split <= 16 and split & (split - 1) == 0
+    assert MM._split_k(1, 16, 4096, 4096, 132) == 1  # 128 tiles of 32 columns fill it
     assert MM._split_k(1, 1, 128, 16384, 1) == 1  # one multiprocessor: nothing to fill
     assert MM._split_k(2, 1, 128, 16384, 132) == 1  # batched
     assert MM._split_k(1, 512, 512, 16384, 132) == 1  # large M

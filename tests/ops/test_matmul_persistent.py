@@ -107,7 +107,7 @@ def test_products_route_to_the_persistent_kernel_where_eligible(
     with_descriptors: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """mm / addmm / bmm in half types go to the persistent kernel when the device has the
-    feature; fp32, and decode shapes that split K, keep the portable kernel."""
+    feature; fp32, and decode shapes (at most 16 rows), keep the portable kernel."""
     calls: list[tuple[int, ...]] = []
 
     def record(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *rest: Any) -> None:
@@ -115,12 +115,15 @@ def test_products_route_to_the_persistent_kernel_where_eligible(
         c.copy_(torch.matmul(a.float(), b.float()).to(c.dtype))
 
     monkeypatch.setattr(persistent, "launch", record)
-    h = torch.float16
-    MM.mm(torch.randn(32, 64, dtype=h), torch.randn(64, 48, dtype=h))
-    weight = torch.randn(48, 64, dtype=h)
-    MM.addmm(torch.randn(48, dtype=h), torch.randn(32, 64, dtype=h), weight.t())
-    MM.bmm(torch.randn(2, 32, 64, dtype=h), torch.randn(2, 64, 48, dtype=h))
+
+    def randn(*shape: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+        return torch.randn(*shape, dtype=dtype, device=DEV)
+
+    MM.mm(randn(32, 64), randn(64, 48))
+    MM.addmm(randn(48), randn(32, 64), randn(48, 64).t())
+    MM.bmm(randn(2, 32, 64), randn(2, 64, 48))
     assert calls == [(32, 48), (32, 48), (2, 32, 48)]
-    MM.mm(torch.randn(32, 64), torch.randn(64, 48))  # fp32
-    MM.mm(torch.randn(4, 4096, dtype=h), torch.randn(4096, 64, dtype=h))  # split along K
+    MM.mm(randn(32, 64, dtype=torch.float32), randn(64, 48, dtype=torch.float32))
+    MM.mm(randn(4, 4096), randn(4096, 64))  # decode-shaped: the narrow-tile kernel
+    MM.mm(randn(16, 64), randn(64, 48))
     assert len(calls) == 3

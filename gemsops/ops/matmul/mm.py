@@ -3,11 +3,13 @@
 One tiled Triton kernel serves all three: fp32 accumulation through ``tl.dot``, grouped
 ("swizzled") program order so neighbouring programs share operand tiles in L2, operands
 read through their strides (the transposed views of a linear layer's backward are never
-copied), and the ``addmm`` epilogue (``beta * self + alpha * product``) fused. Small-M,
-long-K products (decode shapes) split K over several programs that write fp32 partial
-tiles, summed by a second kernel that applies the epilogue. A product with a single
-row (M = 1) is a matrix-vector product and has its own kernel. On devices with tensor
-descriptors, fp16/bf16 products that are not split go to the persistent kernel of
+copied), and the ``addmm`` epilogue (``beta * self + alpha * product``) fused. Decode
+shapes (a few rows against a wide weight, one row included) are bound by reading the
+weight: narrow tiles (16 rows, 32..128 columns, long K slices) give every multiprocessor
+its share. When even those leave most multiprocessors idle (a narrow N with a long K),
+K is split over several programs that write fp32 partial tiles, summed by a second
+kernel that applies the epilogue. On devices with tensor descriptors, fp16/bf16
+products that are neither split nor decode-shaped go to the persistent kernel of
 :mod:`gemsops.ops.matmul.persistent` instead.
 """
 
@@ -152,48 +154,6 @@ def _splitk_reduce_kernel(
              mask=mask)
 
 
-@autotune("mv", key=["N", "K", "K_CONTIGUOUS"])
-@triton.jit(do_not_specialize=["K_CONTIGUOUS"])
-def _mv_kernel(
-    A,  # [K] the single row of the left operand, any stride
-    B,  # [K, N] operand, any strides (a linear layer's weight.t() has K contiguous)
-    C,  # [N] result row, any stride
-    Bias,  # addmm's ``self`` row broadcast to [N]
-    N,
-    K,
-    stride_ak,
-    stride_bk, stride_bn,
-    stride_cn,
-    stride_sn,
-    alpha,
-    beta,
-    K_CONTIGUOUS,  # 1 when B's K stride is 1: a tuning key (the best tile differs), unused
-    HAS_BIAS: tl.constexpr,
-    ACC: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    # A product with one row is a matrix-vector product: every element of B is read
-    # once and used once, so it is bound by reading B. Each program owns BLOCK_N output
-    # columns and walks K in BLOCK_K slices, multiplying elementwise into a
-    # [BLOCK_K, BLOCK_N] accumulator that is summed over K once, at the end.
-    rn = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    mask_n = rn < N
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=ACC)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        mask_k = kk < K
-        a = tl.load(A + kk.to(tl.int64) * stride_ak, mask=mask_k, other=0.0).to(ACC)
-        b = tl.load(B + kk.to(tl.int64)[:, None] * stride_bk + rn[None, :] * stride_bn,
-                    mask=mask_k[:, None] & mask_n[None, :], other=0.0).to(ACC)
-        acc += a[:, None] * b
-    out = tl.sum(acc, axis=0) * alpha
-    if HAS_BIAS:
-        out += beta * tl.load(Bias + rn * stride_sn, mask=mask_n, other=0.0).to(ACC)
-    tl.store(C + rn * stride_cn, out.to(C.dtype.element_ty), mask=mask_n)
-
-
 def _check(*tensors: Tensor) -> torch.dtype:
     """The common dtype of the operands, or Unsupported for inputs the kernel does not take."""
     dtype = tensors[0].dtype
@@ -220,13 +180,16 @@ def _scalar(value: Any, name: str) -> float:
 def _split_k(batch: int, M: int, N: int, K: int, sms: int) -> int:
     """How many programs share each output tile along K (1: no split).
 
-    Decode-like products (few rows, long K) have too few output tiles to occupy every
-    multiprocessor; splitting K multiplies the programs. 64 x 128 is the nominal tile of
-    the small-M configs; the split stays a power of two and leaves >= 512 of K per split.
+    A decode-like product (few rows, long K) is tiled 16 rows by 32..128 columns; when
+    even 32-column tiles would leave more than half the multiprocessors idle, splitting
+    K multiplies the programs. The split stays a power of two and leaves >= 512 of K
+    per split. (On the H200, 4096- and 14336-wide weights ran fastest unsplit.)
     """
     if batch != 1 or M > 64 or K < 1024:
         return 1
-    tiles = cdiv(M, 64) * cdiv(N, 128)
+    tiles = cdiv(M, 16) * cdiv(N, 32)
+    if 2 * tiles > sms:
+        return 1
     split = min(16, sms // max(tiles, 1), K // 512)
     return 1 if split < 2 else 1 << (split.bit_length() - 1)
 
@@ -239,14 +202,14 @@ def _precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float64 else None
 
 
-_CONSTS: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+_CONSTS: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, Any]]] = {}
 
 
 def _consts(
     dtype: torch.dtype, has_bias: bool, precision: str | None, split: int
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The constant keywords of the mv, mm and split-K reduce launches (cached: one dict
-    per key, never changed, so the launcher recognises it)."""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The constant keywords of the mm and split-K reduce launches (cached: one dict per
+    key, never changed, so the launcher recognises it)."""
     key = (dtype, has_bias, precision, split, gemshal.current_vendor())
     try:
         return _CONSTS[key]
@@ -256,12 +219,11 @@ def _consts(
     acc = tl_acc(dtype)
     # The interpreter multiplies bf16 tiles as raw 16-bit integers; widen them first.
     upcast = interpreter and dtype == torch.bfloat16
-    mv = {"HAS_BIAS": has_bias, "ACC": acc}
     # A split-K first pass writes float partials without the epilogue.
     mm = {"SPLIT_K": split, "HAS_BIAS": has_bias and split == 1, "ACC": acc,
           "UPCAST": upcast, "PRECISION": precision}
     reduce = {"SPLIT_K": split, "HAS_BIAS": has_bias, "ACC": acc}
-    consts = _CONSTS[key] = (mv, mm, reduce)
+    consts = _CONSTS[key] = (mm, reduce)
     return consts
 
 
@@ -280,11 +242,8 @@ def launch_product(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: 
     if batch == 0 or M == 0 or N == 0:
         return
     dtype = a.dtype
-    single_row = batch == 1 and M == 1 and split_k is None
     if split_k is not None:
         split = split_k
-    elif single_row:
-        split = 1
     else:
         split = _split_k(batch, M, N, K, gemshal.device_of(a).multiprocessor_count)
     s = bias if bias is not None else c
@@ -298,18 +257,13 @@ def launch_product(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: 
         sc = (0, *sc)
     if len(ss) == 2:
         ss = (0, *ss)
-    if split == 1 and not single_row and persistent.eligible(a, b, c):
+    decode = batch == 1 and M <= 16
+    if split == 1 and not decode and persistent.eligible(a, b, c):
         # Hopper and later: the persistent tensor-descriptor kernel.
         persistent.launch(a, b, c, bias, alpha, beta)
         return
-    mv, mm, reduce = _consts(dtype, bias is not None, _precision(dtype), split)
+    mm, reduce = _consts(dtype, bias is not None, _precision(dtype), split)
     with gemshal.device_guard(a):
-        if single_row:
-            # One row (decode with a single sequence): the matrix-vector kernel.
-            _mv_kernel[lambda meta: (cdiv(N, meta["BLOCK_N"]),)](
-                a, b, c, s, N, K, sa[2], sb[1], sb[2], sc[2], ss[2], alpha, beta,
-                int(sb[1] == 1), **mv)
-            return
         if split == 1:
             _mm_kernel.launch(
                 lambda meta: (batch * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), 1),
