@@ -242,10 +242,11 @@ def launch_product(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: 
     if batch == 0 or M == 0 or N == 0:
         return
     dtype = a.dtype
+    device = gemshal.device_of(a)
     if split_k is not None:
         split = split_k
     else:
-        split = _split_k(batch, M, N, K, gemshal.device_of(a).multiprocessor_count)
+        split = _split_k(batch, M, N, K, device.multiprocessor_count)
     s = bias if bias is not None else c
     # (batch, row, col) strides: a matrix is a batch of one.
     sa, sb, sc, ss = a.stride(), b.stride(), c.stride(), s.stride()
@@ -258,7 +259,7 @@ def launch_product(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: 
     if len(ss) == 2:
         ss = (0, *ss)
     decode = batch == 1 and M <= 16
-    if split == 1 and not decode and persistent.eligible(a, b, c):
+    if split == 1 and not decode and persistent.eligible(a, b, c, device):
         # Hopper and later: the persistent tensor-descriptor kernel.
         persistent.launch(a, b, c, bias, alpha, beta)
         return

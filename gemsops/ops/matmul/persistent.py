@@ -1,7 +1,7 @@
 """The persistent tensor-descriptor matmul: mm, addmm and bmm on devices that have
 ``tensor_descriptors`` (Hopper and later on NVIDIA).
 
-One program per multiprocessor walks the output tiles in grouped order (neighbouring
+One program per multiprocessor (or two, ``OCCUPANCY``) walks the output tiles in grouped order (neighbouring
 tiles share operand rows and columns in L2). Operand tiles are fetched through tensor
 descriptors, so the copy engine moves them into shared memory while the tensor cores work
 on the previous ones; the result tile is written back through a descriptor as well. The
@@ -81,7 +81,9 @@ def _tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
     return b, pid_m, pid_n
 
 
-@autotune("mm_persistent", key=["M", "N", "K"])
+# Each operand layout and epilogue is its own tuning problem: a config that fits shared
+# memory for one (no bias) may not for another (a bias tile too).
+@autotune("mm_persistent", key=["M", "N", "K", "A_T", "B_T", "BATCHED", "HAS_BIAS"])
 @triton.jit
 def _mm_persistent_kernel(
     A,  # [batch, M, K]: K contiguous, or M contiguous when A_T
@@ -94,7 +96,6 @@ def _mm_persistent_kernel(
     stride_cb, stride_cm,
     stride_sb, stride_sm, stride_sn,
     alpha, beta,
-    NUM_SMS,  # programs launched (at most one per multiprocessor)
     A_T: tl.constexpr,  # A is stored [K, M] (a transposed view)
     B_T: tl.constexpr,  # B is stored [N, K] (linear's weight.t())
     BATCHED: tl.constexpr,
@@ -108,6 +109,7 @@ def _mm_persistent_kernel(
     EPILOGUE_SPLIT: tl.constexpr,  # store the result tile as two column halves
     FLATTEN: tl.constexpr,  # let the pipeliner overlap one tile's epilogue with the next
     WARP_SPECIALIZE: tl.constexpr = False,  # separate producer and consumer warps
+    OCCUPANCY: tl.constexpr = 1,  # programs per multiprocessor (read by the host's grid)
 ):
     if A_T:
         a_desc = _descriptor(A, BATCH, K, M, stride_ab, stride_a, BLOCK_K, BLOCK_M, BATCHED)
@@ -123,14 +125,15 @@ def _mm_persistent_kernel(
     else:
         c_desc = _descriptor(C, BATCH, M, N, stride_cb, stride_cm, BLOCK_M, BLOCK_N, BATCHED)
 
+    programs = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles = tiles_m * tiles_n * BATCH
     k_tiles = tl.cdiv(K, BLOCK_K)
     # The epilogue keeps its own tile counter: with FLATTEN the loop body is software
     # pipelined across tiles, and the epilogue's tile trails the loads' by one.
-    done = tl.program_id(0) - NUM_SMS
-    for tile in tl.range(tl.program_id(0), tiles, NUM_SMS, flatten=FLATTEN,
+    done = tl.program_id(0) - programs
+    for tile in tl.range(tl.program_id(0), tiles, programs, flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
         b, pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
         off_m = pid_m * BLOCK_M
@@ -152,7 +155,7 @@ def _mm_persistent_kernel(
                 w = w.to(tl.float32)
             acc = tl.dot(a, w, acc)
 
-        done += NUM_SMS
+        done += programs
         b, pid_m, pid_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
@@ -193,11 +196,13 @@ def _layout(t: Tensor) -> tuple[bool, int] | None:
     return None
 
 
-def eligible(a: Tensor, b: Tensor, c: Tensor) -> bool:
+def eligible(a: Tensor, b: Tensor, c: Tensor, device: gemshal.Device | None = None) -> bool:
     """Whether the persistent kernel can serve ``c = a @ b`` here: the device has tensor
     descriptors, the operands are fp16/bf16 and every matrix meets the descriptor rules
     (16-byte aligned base and strides, a unit stride in one dimension; ``c`` row-major)."""
-    if a.dtype not in _DTYPES or not gemshal.device_of(a).has("tensor_descriptors"):
+    if a.dtype not in _DTYPES:
+        return False
+    if not (device or gemshal.device_of(a)).has("tensor_descriptors"):
         return False
     for t in (a, b, c):
         if t.data_ptr() % 16:
@@ -245,13 +250,14 @@ def plan(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
     sms = gemshal.device_of(a).multiprocessor_count
 
     def grid(meta: dict[str, Any]) -> tuple[int]:
-        return (min(sms, batch * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])),)
+        tiles = batch * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])
+        return (min(sms * meta.get("OCCUPANCY", 1), tiles),)
 
     args = (a, b, c, s, M, N, K, batch,
             a.stride(0) if batched else 0, a_s,
             b.stride(0) if batched else 0, b_s,
             c.stride(0) if batched else 0, c.stride(-2),
-            *ss, alpha, beta, sms)
+            *ss, alpha, beta)
     return grid, args, consts
 
 
