@@ -125,3 +125,31 @@ def test_sparse_gradient_is_unsupported() -> None:
     weight = torch.randn(4, 3, device=DEV, requires_grad=True)
     with pytest.raises(Unsupported):
         E.embedding(weight, torch.tensor([1], device=DEV), sparse=True)
+
+
+@given(d=st.integers(1, 20000), widths=st.lists(st.sampled_from([64, 128, 512, 1024, 2048,
+                                                                 4096, 8192]),
+                                                min_size=1, max_size=6, unique=True))
+def test_lookup_configs_wider_than_the_row_are_pruned(d: int, widths: list[int]) -> None:
+    """The lookup's pruning keeps exactly the configs whose column step is at most the row
+    width rounded up to a power of two, or the narrowest ones when every config is
+    wider: a row is never walked with a step that only masks lanes off, and some config
+    always remains."""
+    from types import SimpleNamespace
+
+    configs = [SimpleNamespace(kwargs={"BLOCK_M": 1, "BLOCK_D": w}) for w in widths]
+    kept = E._prune_rows(configs, {"D": d})
+    need = 1 << (d - 1).bit_length()
+    expected = [c for c in configs if c.kwargs["BLOCK_D"] <= need]
+    assert kept == (expected or [c for c in configs if c.kwargs["BLOCK_D"] == min(widths)])
+
+
+@pytest.mark.parametrize("dim", [63, 64, 65, 200])
+def test_lookup_walks_long_rows_in_steps(dim: int) -> None:
+    """Rows wider than one step (the interpreter's 64 columns) are copied whole, with
+    their index read once per row: out-of-order, repeated and boundary indices of a
+    transposed table give torch's rows exactly."""
+    weight = torch.randn(dim, 9, device=DEV).t()  # 9 rows of `dim`, column-major
+    idx = torch.tensor([[8, 0, 8], [3, 3, 0]], device=DEV)
+    torch.testing.assert_close(E.embedding(weight, idx), F.embedding(idx, weight),
+                               rtol=0, atol=0)

@@ -28,6 +28,7 @@ from gemsops.testing.strategies import (
     FLOAT_DTYPES,
     INT_DTYPES,
     broadcast_pair,
+    shapes,
     target_device,
 )
 from gemsops.testing.strategies import tensors as _tensors
@@ -526,3 +527,189 @@ def test_exp_takes_the_single_exponential_only_for_half_results(
     assert plan is not None
     assert plan.meta["OP"] is (pm.exp_half if half else pm.exp)
     check(act.exp(x), torch.exp, x)
+
+
+# --- the tiled kernel (broadcast and mixed layouts) and the tuning hooks ---------------
+
+
+@st.composite
+def broadcast_along(draw: st.DrawFn, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rank-4 tensor and an operand broadcast along ``dim`` (and maybe other dims): kept
+    as size 1, or dropped when all dims before it are too; either may be transposed or
+    sliced, and their dtypes differ."""
+    full = list(draw(shapes(min_rank=4, max_rank=4)))
+    full[dim] = draw(st.sampled_from([2, 3, 7, 16, 33]))
+    small = [1 if k == dim or draw(st.integers(0, 3)) == 0 else s for k, s in enumerate(full)]
+    lead = 0
+    while lead < 4 and small[lead] == 1 and draw(st.booleans()):
+        lead += 1
+    dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.int32)
+    a = draw(tensors(shape=tuple(full), dtypes=dtypes))
+    b = draw(tensors(shape=tuple(small[lead:]), dtypes=dtypes))
+    return (a, b) if draw(st.booleans()) else (b, a)
+
+
+@pytest.mark.parametrize("dim", range(4))
+@pytest.mark.parametrize("name", ["add", "mul", "maximum"])
+@given(data=st.data())
+def test_broadcast_along_each_dim(dim: int, name: str, data: st.DataObject) -> None:
+    """An operand broadcast along any one dim (a bias row along the leading dims, a
+    per-row scale along the last, or any in between), with others maybe broadcast too,
+    in any layout and dtype mix, gives torch's dtype, shape and (reference) values."""
+    a, b = data.draw(broadcast_along(dim))
+    mine, theirs = BINARY[name]
+    check(mine(a, b), theirs, a, b)
+
+
+_ZOO = [
+    # (full shape, broadcast operand shape): rows of every width class the tiles take
+    ((37, 1025), (1025,)),  # a padded width: tiles of 128 columns, not two of 1024
+    ((5, 2049), (5, 1)),  # a column broadcast
+    ((300, 3), (3,)),  # narrow rows: many rows per tile
+    ((3, 5, 7, 11), (5, 1, 11)),  # three outer dims
+    ((2, 3, 4, 5, 6), (4, 1, 6)),  # four outer dims (the most the kernel takes)
+    ((2, 3, 2, 3, 2, 3), (3, 1, 3, 1, 3)),  # more: copied out and swept flat
+    ((64, 64), (64, 64)),  # operands and output laid out differently (transposed below)
+]
+
+
+@pytest.mark.parametrize(("full", "small"), _ZOO)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiled_equals_flat_on_materialised_operands(
+    full: tuple[int, ...], small: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """The tiled kernel computes each element as the flat kernel does: broadcast and
+    transposed operands give bitwise the result of the same op on the operands expanded
+    and copied contiguous (a flat launch), for two and three operands."""
+    gen = torch.Generator().manual_seed(len(full) * 31 + len(small))
+    a = torch.randn(full, generator=gen).to(dtype).to(target_device())
+    b = torch.randn(small, generator=gen).to(dtype).to(target_device())
+    if a.shape == b.shape:
+        b = b.t().contiguous().t()  # same shape, column-major: not a flat launch
+    cond = (torch.rand(full[-1], generator=gen) > 0.5).to(target_device())
+    dense = b.expand(full).contiguous()
+    assert torch.equal(pw.add(a, b), pw.add(a, dense))
+    assert torch.equal(pw.mul(b, a), pw.mul(dense, a))
+    assert torch.equal(pw.where(cond, a, b), pw.where(cond.expand(full).contiguous(), a, dense))
+    assert torch.equal(act.gelu(a[..., ::2]), act.gelu(a[..., ::2].contiguous()))
+
+
+@given(data=st.data(), layout=st.sampled_from(["transposed", "sliced", "both"]))
+def test_strided_out_receives_torchs_values(data: st.DataObject, layout: str) -> None:
+    """Writing a broadcast result into a non-contiguous ``out=`` (transposed, sliced, or
+    both) leaves the reference values in the view and nothing written outside it."""
+    shape = data.draw(shapes(min_rank=2, max_rank=2))
+    rows, cols = max(shape[0], 1), max(shape[1], 1)
+    x = data.draw(tensors(shape=(rows, cols), dtypes=(torch.float32,)))
+    row = data.draw(tensors(shape=(cols,), dtypes=(torch.float32,)))
+    if layout == "transposed":
+        base = torch.full((cols * 2, rows * 2), -7.0, device=target_device())
+        out = base[:cols, :rows].t()
+    elif layout == "sliced":
+        base = torch.full((rows, cols * 2), -7.0, device=target_device())
+        out = base[:, ::2]
+    else:
+        base = torch.full((rows * 2, cols * 2), -7.0, device=target_device())
+        out = base.t().t()[::2, ::2]
+    pw.add(x, row, out=out)
+    assert_close(out, reference(torch.add, x, row))
+    outside = torch.ones_like(base, dtype=torch.bool)
+    if layout == "transposed":
+        outside[:cols, :rows] = False
+    elif layout == "sliced":
+        outside[:, ::2] = False
+    else:
+        outside[::2, ::2] = False
+    assert bool((base[outside] == -7.0).all())
+
+
+@pytest.mark.parametrize(("a", "b"), [((0, 5), (5,)), ((3, 0), (3, 1)), ((2, 0, 4), (4,)),
+                                      ((0,), (1,)), ((4, 1), (0,))])
+def test_broadcast_with_empty_operands(a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    """Broadcasting against an empty operand gives torch's empty result (shape, dtype)
+    without launching; an empty ``out=`` is resized as torch resizes it."""
+    x = torch.randn(a, device=target_device())
+    y = torch.randn(b, device=target_device(), dtype=torch.float16)
+    check(pw.add(x, y), torch.add, x, y)
+    out = torch.empty(0, device=target_device())
+    pw.mul(x, y, out=out)
+    assert out.shape == torch.broadcast_shapes(a, b)
+
+
+@given(cols=st.integers(1, 1 << 22))
+def test_column_width_pads_rows_by_at_most_an_eighth(cols: int) -> None:
+    """The tiled kernel's widest column tile is a power of two, at most WIDEST; rows of
+    up to 16 columns take one tile at or above them, and longer rows are padded by at
+    most an eighth by its multiples (or take 16-wide tiles)."""
+    from gemsops.ops.pointwise import codegen
+
+    width = codegen.column_width(cols)
+    assert width & (width - 1) == 0 and 1 <= width <= codegen.WIDEST
+    padded = -(-cols // width) * width
+    if cols <= 16:
+        assert width >= cols and width < 2 * cols
+    else:
+        assert width == 16 or padded * 8 <= cols * 9
+        assert width >= 16
+
+
+@given(n=st.integers(0, 1 << 34))
+def test_small_problems_launch_the_first_config_unbenchmarked(n: int) -> None:
+    """Pruning keeps every pointwise config for problems of 2**20 elements and more and
+    only the first below, so small launches are never benchmarked."""
+    from gemsops.ops.pointwise import codegen
+
+    configs = ["first", "second", "third"]
+    kept = codegen._prune_small(configs, {"SIZE_CLASS": n.bit_length()})
+    assert kept == (configs if n >= codegen.SMALL else ["first"])
+
+
+# --- gelu's bodies ---------------------------------------------------------------------
+
+
+def _every_value(dtype: torch.dtype, lo: float, hi: float) -> torch.Tensor:
+    """Every finite value of a half type in [lo, hi] (from its bit patterns)."""
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    values = bits.view(dtype)
+    return values[torch.isfinite(values) & (values >= lo) & (values <= hi)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gelu_half_body_rounds_faithfully(dtype: torch.dtype) -> None:
+    """gelu (erf) of every half value in [-10, 10] with a normal result is within one
+    unit in the last place of the exact value, though its half-type body replaces erf by
+    one polynomial and an exp2; infinities, nan and -0.0 give torch's results."""
+    x = _every_value(dtype, -10.0, 10.0)
+    got = act.gelu(x.to(target_device())).cpu().double()
+    exact = x.double() * 0.5 * torch.special.erfc(-x.double() / math.sqrt(2))
+    normal = exact.abs() >= torch.finfo(dtype).tiny  # subnormal halves: not this test's
+    digits = 7 if dtype == torch.bfloat16 else 10  # stored mantissa bits
+    ulp = torch.exp2(torch.floor(torch.log2(torch.maximum(got.abs(), exact.abs()))) - digits)
+    assert bool(((got - exact).abs() <= ulp)[normal].all())
+    specials = torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0, -1e4], dtype=dtype)
+    got_s = act.gelu(specials.to(target_device())).cpu()
+    assert got_s[0] == math.inf and got_s[1].isnan() and got_s[2].isnan()
+    assert got_s[3] == 0 and not got_s[3].signbit() and got_s[4] == 0 and got_s[4].signbit()
+    assert got_s[5] == 0 and got_s[5].signbit()
+
+
+def test_gelu_tanh_is_the_tanh_form() -> None:
+    """gelu(approximate="tanh"), computed as x * sigmoid(2u), is the tanh form to float32
+    rounding over [-20, 20]: relative 2e-6 for |x| <= 5, 1e-5 in the tail (where the
+    rounding of 2u, up to 126 in magnitude, dominates), absolute 1e-37 near float32's
+    smallest normal; it gives torch's results at infinities, nan and -0.0 for every float
+    dtype."""
+    x = torch.linspace(-20, 20, 40001, dtype=torch.float32)
+    got = act.gelu(x.to(target_device()), approximate="tanh").cpu().double()
+    xd = x.double()
+    # x / 2 * (1 + tanh(u)) without the cancellation of 1 + tanh(u) for negative x.
+    exact = xd * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (xd + 0.044715 * xd**3))
+    rtol = torch.where(xd.abs() <= 5, 2e-6, 1e-5)
+    assert bool(((got - exact).abs() <= rtol * exact.abs() + 1e-37).all())
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        s = torch.tensor([math.inf, -math.inf, math.nan, -0.0, 1e4, -1e4], dtype=dtype)
+        got_s = act.gelu(s.to(target_device()), approximate="tanh").cpu()
+        assert got_s[0] == math.inf and got_s[1].isnan() and got_s[2].isnan()
+        assert got_s[3] == 0 and got_s[3].signbit()
+        assert got_s[4] == 1e4 or dtype == torch.float16  # float16: 1e4 itself rounds
+        assert got_s[5] == 0 and got_s[5].signbit()

@@ -394,3 +394,139 @@ def test_unsupported_inputs_are_refused_before_writing() -> None:
     assert (out == 7).all()
     with pytest.raises(Unsupported):
         implementations()["cumsum.out"](x, 0, out=x)
+
+
+# --- one-pass arg reductions, Welford var_mean, wide splits ---------------------------
+
+
+@st.composite
+def tie_lines(draw: st.DrawFn) -> tuple[torch.Tensor, int]:
+    """A 2-D tensor of a few distinct values (ties everywhere), with -inf, +inf or nan
+    planted anywhere, whose reduced dim spans several of the kernels' chunks; and the
+    dim (1: the rows form, 0: the middle form)."""
+    dim = draw(st.sampled_from([0, 1]))
+    length = draw(st.integers(1, 300))
+    other = draw(st.integers(1, 5))
+    shape = (other, length) if dim == 1 else (length, other)
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.int32, torch.int8]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    x = torch.randint(-2, 3, shape, generator=gen).to(dtype)
+    if dtype.is_floating_point:
+        for value in draw(st.lists(st.sampled_from([-math.inf, math.inf, math.nan]),
+                                   max_size=4)):
+            x.view(-1)[draw(st.integers(0, x.numel() - 1))] = value
+        if draw(st.booleans()):
+            x.fill_(-math.inf)  # nothing beats INIT: the first index must still win
+    return to_target(x), dim
+
+
+@settings(max_examples=40)
+@given(case=tie_lines())
+def test_arg_reductions_keep_the_first_best_across_chunks(case: tuple[torch.Tensor, int]) -> None:
+    """argmax, argmin, max.dim and min.dim give torch's values and first-occurrence
+    indices when equal values, infinities (a line of only -inf too) and nans repeat in
+    different chunks of a line, in the rows form and the middle form."""
+    x, dim = case
+    _same(argmax(x, dim), torch.argmax(x, dim))
+    _same(argmin(x, dim), torch.argmin(x, dim))
+    for ours, theirs in ((max_dim, torch.max), (min_dim, torch.min)):
+        values, indices = ours(x, dim)
+        t_values, t_indices = theirs(x, dim)
+        _same(values, t_values)
+        _same(indices, t_indices)
+
+
+@pytest.mark.parametrize(("shape", "dims"), SPLIT_CASES)
+def test_split_arg_reductions_keep_the_first_best(split_small: None, shape: tuple[int, ...],
+                                                  dims: tuple[int, ...] | None) -> None:
+    """Split lines with ties and a repeated nan across parts give torch's first index (the
+    second pass compares (value, index) pairs)."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randint(0, 3, shape, generator=gen).float()
+    d = None if dims is None else dims[0]
+    _same(argmax(to_target(x), d), torch.argmax(x, d))
+    x.view(-1)[5] = x.view(-1)[-2] = math.nan
+    _same(argmax(to_target(x), d), torch.argmax(x, d))
+    _same(argmin(to_target(x), d), torch.argmin(x, d))
+
+
+@settings(max_examples=30)
+@given(length=st.integers(1, 600), lines=st.integers(1, 4), dim=st.sampled_from([0, 1]),
+       offset=st.sampled_from([0.0, -3.0, 1e4, 1e5]), seed=st.integers(0, 2**31 - 1))
+def test_var_mean_is_exact_to_float32_rounding(length: int, lines: int, dim: int,
+                                               offset: float, seed: int) -> None:
+    """var_mean of float32 lines of any length (inside one chunk, whole chunks, with a
+    tail) in either form is within 1e-6 relative of the float64 result, even for data
+    with a large common offset (1e5 + unit noise), where E[x^2] - E[x]^2 in float32
+    would keep no digit."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (lines, length) if dim == 1 else (length, lines)
+    x = to_target(torch.randn(shape, generator=gen) + offset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # lines of one value: no degrees of freedom
+        var, mean = var_mean(x, dim)
+        e_var, e_mean = torch.var_mean(x.cpu().double(), dim)
+    ok = torch.isfinite(e_var)  # a line of one value has no degree of freedom: nan
+    assert bool(torch.equal(var.cpu().isnan(), ~ok))
+    assert bool(((var.cpu().double() - e_var).abs() <= 1e-6 * e_var + 1e-12)[ok].all())
+    assert bool(((mean.cpu().double() - e_mean).abs() <= 1e-6 * (e_mean.abs() + 1)).all())
+
+
+@pytest.mark.parametrize(("shape", "dims"), SPLIT_CASES)
+def test_split_var_mean_keeps_large_offsets_exact(split_small: None, shape: tuple[int, ...],
+                                                  dims: tuple[int, ...] | None) -> None:
+    """A split line's parts shift by the line's first value, so partial means of data
+    with a large offset (1e5 + unit noise) keep their digits: var within 1e-6 relative."""
+    gen = torch.Generator().manual_seed(len(shape) + 11)
+    x = torch.randn(shape, generator=gen) + 1e5
+    var, mean = var_mean(to_target(x), dims)
+    e_var, e_mean = torch.var_mean(x.double(), dims)
+    assert bool(((var.cpu().double() - e_var).abs() <= 1e-6 * e_var).all())
+    assert bool(((mean.cpu().double() - e_mean).abs() <= 1e-6 * e_mean.abs()).all())
+
+
+@settings(max_examples=60)
+@given(m=st.integers(1, 64), n=st.integers(1, 1 << 16), k=st.integers(1, 1 << 16),
+       width=st.sampled_from([64, 128, 256, 512, 1024]))
+def test_wide_split_fills_the_device_at_the_widest_tile(m: int, n: int, k: int,
+                                                        width: int) -> None:
+    """A middle-form split planned for tiles ``width`` columns wide never has fewer parts
+    than the plain split, gives every part at least SPLIT_MIN_CHUNK / MID_WIDTH rows of
+    a narrow tile's work (as the plain split does), covers the line exactly, and aims at
+    SPLIT_WAVES programs per multiprocessor for the widest tiles where the line allows."""
+    from gemsops.ops.rowwise import tiles
+
+    src = torch.empty(1, device=DEVICE)
+    lay = reduce_layout.Layout(src, m, n, k, n * k, k)
+    parts, chunk = tiles.wide_split(lay, width)
+    plain_parts, _ = reduce_layout.split(lay)
+    assert parts >= plain_parts
+    assert -(-n // chunk) == parts and (parts == 1 or (parts - 1) * chunk < n)
+    if parts > plain_parts:
+        assert chunk * min(k, reduce_layout.MID_WIDTH) >= reduce_layout.SPLIT_MIN_CHUNK // 2
+        sms = gemshal.device_of(src).multiprocessor_count
+        wide_programs = m * -(-k // width)
+        assert wide_programs * (parts - 1) < reduce_layout.SPLIT_WAVES * sms
+
+
+def test_sum_dim0_split_for_wide_tiles_matches_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sum/mean over dim 0 of a tall matrix, split for the widest reduce_mid tile (more
+    parts than the plain split), equal torch's (float64 reference)."""
+    from gemsops.ops.rowwise import value
+
+    monkeypatch.setattr(reduce_layout, "SPLIT_MIN_TOTAL", 0)
+    monkeypatch.setattr(reduce_layout, "SPLIT_MIN_CHUNK", 64)
+    monkeypatch.setattr(value, "_mid_width", lambda: 1024)
+    x = to_target(torch.randn(600, 400, generator=torch.Generator().manual_seed(5)))
+    lay = reduce_layout.plan(x, (0,))
+    assert lay is not None and tiles_parts(lay, 1024) > reduce_layout.split(lay)[0]
+    assert_close(R.sum(x, 0), reference(torch.sum, x, 0), reduce_size=600)
+    assert_close(R.mean(x, 0), reference(torch.mean, x, 0), reduce_size=600)
+    _same(R.amax(x, 0), torch.amax(x, 0))
+
+
+def tiles_parts(lay: reduce_layout.Layout, width: int) -> int:
+    """The parts :func:`gemsops.ops.rowwise.tiles.wide_split` plans for ``lay``."""
+    from gemsops.ops.rowwise import tiles
+
+    return tiles.wide_split(lay, width)[0]

@@ -1,7 +1,9 @@
 """Embedding lookup and its dense backward.
 
-The forward gathers rows: each program copies ``BLOCK_M`` looked-up rows, ``BLOCK_D``
-columns at a time. The backward scatters gradient rows into an fp32 (fp64 for fp64)
+The forward gathers rows: each program copies ``BLOCK_M`` whole looked-up rows, reading
+each row's index once and walking the row ``BLOCK_D`` columns at a time (a config whose
+BLOCK_D covers the row, as 4096 for LLM widths, copies it in one step of wide vector
+loads). The backward scatters gradient rows into an fp32 (fp64 for fp64)
 accumulator with atomic adds, sort-free, then (for half types or ``scale_grad_by_freq``)
 a finishing kernel divides by the index counts and casts. Atomic accumulation is
 order-dependent, so under ``torch.use_deterministic_algorithms(True)`` the backward is
@@ -14,6 +16,7 @@ CPU, where checking costs no device sync, the host raises ``IndexError`` as torc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -26,7 +29,7 @@ from gemshal.autotune import autotune
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, acc_dtype, check_supported
-from gemsops.ops.grid import cdiv
+from gemsops.ops.grid import cdiv, next_power_of_2
 
 __all__ = ["embedding", "embedding_dense_backward"]
 
@@ -34,7 +37,15 @@ _INDEX_DTYPES = (torch.int32, torch.int64)
 _TABLE_DTYPES = FLOAT_DTYPES + INT_DTYPES  # the real dtypes a lookup copies
 
 
-@autotune("embedding", key=["D"])
+def _prune_rows(configs: Sequence[Any], named_args: dict[str, Any], **_: Any) -> list[Any]:
+    """Drop configs whose column step is wider than the row (they only mask lanes off),
+    keeping the narrowest ones when every config is wider."""
+    need = next_power_of_2(named_args["D"])
+    limit = max(need, min(c.kwargs["BLOCK_D"] for c in configs))
+    return [c for c in configs if c.kwargs["BLOCK_D"] <= limit]
+
+
+@autotune("embedding", key=["D"], prune=_prune_rows)
 @triton.jit
 def _embedding_kernel(
     Idx,  # [n] flattened indices
@@ -44,21 +55,22 @@ def _embedding_kernel(
     V,
     D,
     stride_wv, stride_wd,
-    BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # looked-up rows per program
+    BLOCK_D: tl.constexpr,  # columns per step along a row
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     row_ok = rows < n
-    col_ok = cols < D
-    idx = tl.load(Idx + rows, mask=row_ok, other=0).to(tl.int64)
+    idx = tl.load(Idx + rows, mask=row_ok, other=0).to(tl.int64)  # once per row
     tl.device_assert((idx >= 0) & (idx < V), "embedding index out of range")
     # An out-of-range index reads nothing (its row would be garbage, never memory past W).
     ok = row_ok & (idx >= 0) & (idx < V)
-    vals = tl.load(W + idx[:, None] * stride_wv + cols[None, :] * stride_wd,
-                   mask=ok[:, None] & col_ok[None, :], other=0)
-    tl.store(Out + rows.to(tl.int64)[:, None] * D + cols[None, :], vals,
-             mask=row_ok[:, None] & col_ok[None, :])
+    src = W + idx[:, None] * stride_wv
+    dst = Out + rows.to(tl.int64)[:, None] * D
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        col_ok = (cols < D)[None, :]
+        vals = tl.load(src + cols[None, :] * stride_wd, mask=ok[:, None] & col_ok, other=0)
+        tl.store(dst + cols[None, :], vals, mask=row_ok[:, None] & col_ok)
 
 
 @autotune("embedding_zero", key=["n"])
@@ -154,7 +166,7 @@ def _lookup(weight: Tensor, indices: Tensor, padding_idx: int = -1,
     if n and D:
         with gemshal.device_guard(weight):
             _embedding_kernel.launch(
-                lambda meta: (cdiv(n, meta["BLOCK_M"]), cdiv(D, meta["BLOCK_D"])),
+                lambda meta: (cdiv(n, meta["BLOCK_M"]),),
                 (flat, weight, out, n, V, D, *weight.stride()),
                 _NO_CONSTS,
             )

@@ -67,24 +67,56 @@ def _rows(x: Tensor, ns: tuple[int, ...], *params: Tensor | None) -> tuple[int, 
 _CONSTS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
-def _consts(pass_: int, rms: bool, dtype: torch.dtype, has_w: bool, has_b: bool
-            ) -> dict[str, Any]:
-    """The constant keywords of a forward (pass 0), backward (1) or weight-grad (2)
-    launch (cached: one dict per key, never changed)."""
-    key = (pass_, rms, dtype, has_w, has_b)
+def _consts(rms: bool, dtype: torch.dtype, has_w: bool, has_b: bool) -> dict[str, Any]:
+    """The constant keywords of a forward launch (cached: one dict per key, never changed)."""
+    key = (0, rms, dtype, has_w, has_b)
     try:
         return _CONSTS[key]
     except KeyError:
-        pass
-    acc = tl_acc(dtype)
-    if pass_ == 0:
-        consts = {"IS_RMS": rms, "HAS_W": has_w, "HAS_B": has_b, "ACC": acc}
-    elif pass_ == 1:
-        consts = {"IS_RMS": rms, "HAS_W": has_w, "ACC": acc}
-    else:
-        consts = {"IS_RMS": rms, "HAS_DB": has_b, "ACC": acc}
-    _CONSTS[key] = consts
-    return consts
+        consts = _CONSTS[key] = {"IS_RMS": rms, "HAS_W": has_w, "HAS_B": has_b,
+                                 "ACC": tl_acc(dtype)}
+        return consts
+
+
+def _bwd_consts(rms: bool, dtype: torch.dtype, has_w: bool, dx: bool, dw: bool, db: bool
+                ) -> dict[str, Any]:
+    """The constant keywords of a backward launch: the norm, whether a weight scales dy,
+    and which of dx, the weight gradient and the bias gradient are written (cached)."""
+    key = (1, rms, dtype, has_w, dx, dw, db)
+    try:
+        return _CONSTS[key]
+    except KeyError:
+        consts = _CONSTS[key] = {"IS_RMS": rms, "HAS_W": has_w, "HAS_DX": dx, "HAS_DW": dw,
+                                 "HAS_DB": db, "ACC": tl_acc(dtype)}
+        return consts
+
+
+BWD_WAVES = 4
+"""Most backward programs per multiprocessor. Each program walks its own slice of rows;
+a few per multiprocessor keep enough loads in flight to reach the memory bandwidth."""
+
+BWD_MIN_ROWS = 32
+"""Fewest rows a backward program takes once every multiprocessor has one. Every program
+writes (and the column sum reads back) one row of fp32 partial sums, so with slices of
+32 rows or more that traffic is at most about 4% of reading dy and x and writing dx in a
+half type (8 bytes a column against 6 a row and column)."""
+
+
+def row_split(M: int, multiprocessors: int) -> tuple[int, int]:
+    """How the backward splits ``M`` rows: ``(programs, rows per program)``.
+
+    Aims at one program per multiprocessor at least (while there are rows for it), at
+    most :data:`BWD_WAVES` per multiprocessor, and beyond one per multiprocessor no slice
+    under :data:`BWD_MIN_ROWS` rows. Slices are contiguous and of one length but the
+    last, which has at least one row (so a few rows per program may leave up to half the
+    aimed-at programs out). No rows: ``(0, 1)``.
+    """
+    if M <= 0:
+        return 0, 1
+    sms = max(multiprocessors, 1)
+    parts = min(M, max(sms, min(BWD_WAVES * sms, cdiv(M, BWD_MIN_ROWS))))
+    rows_per = cdiv(M, parts)
+    return cdiv(M, rows_per), rows_per
 
 
 def _as_rows(t: Tensor, M: int, N: int) -> tuple[Tensor, int]:
@@ -119,7 +151,7 @@ def _forward(x: Tensor, normalized_shape: tuple[int, ...], weight: Tensor | None
         return y, mean, rstd
     x2, stride_x = _as_rows(x, M, N)
     w, b = _flat(weight), _flat(bias)
-    consts = _consts(0, rms, x.dtype, w is not None, b is not None)
+    consts = _consts(rms, x.dtype, w is not None, b is not None)
     with gemshal.device_guard(x):
         _KERNELS[rms][0].launch(
             lambda meta: (cdiv(M, meta["BLOCK_M"]),),
@@ -130,36 +162,16 @@ def _forward(x: Tensor, normalized_shape: tuple[int, ...], weight: Tensor | None
     return y, mean, rstd
 
 
-def _param_grads(dy2: Tensor, sdy: int, x2: Tensor, sx: int, mean: Tensor, rstd: Tensor,
-                 M: int, N: int, rms: bool, dw_dtype: torch.dtype, db_dtype: torch.dtype | None
-                 ) -> tuple[Tensor, Tensor | None]:
-    """Column sums: grad_weight = sum(dy * x_hat), grad_bias = sum(dy) over the M rows."""
-    acc_t = acc_dtype(x2.dtype)
-    # Row slices per column block: enough programs to fill the device, slices of >= 32 rows.
-    # No rows (M = 0): no partials, and the column sums below write zeros.
-    parts = min(cdiv(M, 32), 4 * gemshal.device_of(x2).multiprocessor_count)
-    rows_per = cdiv(M, max(parts, 1))
-    parts = cdiv(M, rows_per) if M else 0
-    dev = x2.device
-    pw = torch.empty((parts, N), dtype=acc_t, device=dev)
-    pb = torch.empty((parts, N), dtype=acc_t, device=dev) if db_dtype is not None else pw
-    dw = torch.empty(N, dtype=dw_dtype, device=dev)
-    db = torch.empty(N, dtype=db_dtype, device=dev) if db_dtype is not None else None
-    if parts:
-        _KERNELS[rms][2].launch(
-            lambda meta: (cdiv(N, meta["BLOCK_N"]), parts),
-            (dy2, x2, mean, rstd, pw, pb, M, N, sdy, sx, rows_per),
-            _consts(2, rms, x2.dtype, False, db is not None),
-        )
-    for part, out in ((pw, dw), (pb, db)):
-        if out is not None:
-            _column_sum_kernel[lambda meta: (cdiv(N, meta["BLOCK_N"]),)](part, out, parts, N)
-    return dw, db
-
-
 def _backward(dy: Tensor, x: Tensor, normalized_shape: tuple[int, ...], mean: Tensor | None,
               rstd: Tensor, weight: Tensor | None, bias: Tensor | None,
               mask: Sequence[bool], rms: bool) -> tuple[Tensor | None, ...]:
+    """dx, the weight gradient and the bias gradient (None where not wanted).
+
+    One launch reads dy and x once: it writes dx and per-slice partial column sums of
+    ``dy * x_hat`` (weight) and ``dy`` (bias) into fp32 (fp64) ``[P, N]`` buffers, one row
+    per program; one column-sum launch per gradient adds the ``P`` rows. No atomics, so
+    the sums are deterministic.
+    """
     M, N = _rows(x, normalized_shape, weight, bias)
     if dy.shape != x.shape or dy.device != x.device or dy.dtype not in FLOAT_DTYPES:
         raise Unsupported("grad_out does not match the input")
@@ -168,29 +180,41 @@ def _backward(dy: Tensor, x: Tensor, normalized_shape: tuple[int, ...], mean: Te
     want_dx, want_dw = bool(mask[0]), bool(mask[1]) and weight is not None
     want_db = (not rms) and bool(mask[2]) and bias is not None
     dx = torch.empty_like(x, memory_format=torch.contiguous_format) if want_dx else None
+    if not (want_dx or want_dw or want_db):
+        return None, None, None
     (x2, sx), (dy2, sdy) = _as_rows(x, M, N), _as_rows(dy, M, N)
     rstd_f = rstd if rstd.is_contiguous() else rstd.contiguous()
     # RMS norm has no mean: its slot repeats rstd (never read by the kernels).
     mean_f = rstd_f if mean is None else _flat(mean)
     assert mean_f is not None
     w = _flat(weight)
+    dev = x.device
+    parts, rows_per = row_split(M, gemshal.device_of(x).multiprocessor_count)
+    acc_t = acc_dtype(x.dtype)
+    # Partial column sums, row p written by program p (every row of them).
+    pw = torch.empty((parts, N), dtype=acc_t, device=dev) if want_dw else None
+    pb = torch.empty((parts, N), dtype=acc_t, device=dev) if want_db else None
     dw = db = None
+    if want_dw:
+        assert weight is not None
+        dw = torch.empty(weight.shape, dtype=weight.dtype, device=dev)
+    if want_db:
+        assert bias is not None
+        db = torch.empty(bias.shape, dtype=bias.dtype, device=dev)
     with gemshal.device_guard(x):
-        if dx is not None and M:
+        if parts:
             _KERNELS[rms][1].launch(
-                lambda meta: (cdiv(M, meta["BLOCK_M"]),),
-                (dy2, x2, w if w is not None else x2, mean_f, rstd_f, dx, M, N, sdy, sx, N),
-                _consts(1, rms, x.dtype, w is not None, False),
+                (parts,),
+                (dy2, x2, w if w is not None else x2, mean_f, rstd_f,
+                 dx if dx is not None else x2, pw if pw is not None else rstd_f,
+                 pb if pb is not None else rstd_f, M, N, sdy, sx, N, rows_per),
+                _bwd_consts(rms, x.dtype, w is not None, want_dx, want_dw, want_db),
             )
-        if want_dw or want_db:
-            dw_dtype = weight.dtype if weight is not None else x.dtype
-            db_dtype = bias.dtype if want_db and bias is not None else None
-            dw, db = _param_grads(dy2, sdy, x2, sx, mean_f, rstd_f, M, N, rms, dw_dtype, db_dtype)
-    if dw is not None and weight is not None:
-        dw = dw.view(weight.shape)
-    if db is not None and bias is not None:
-        db = db.view(bias.shape)
-    return dx, dw if want_dw else None, db
+        # No rows: no partials, and the column sums write zeros.
+        for part, out in ((pw, dw), (pb, db)):
+            if part is not None and out is not None and N:
+                _column_sum_kernel[lambda meta: (cdiv(N, meta["BLOCK_N"]),)](part, out, parts, N)
+    return dx, dw, db
 
 
 def _ln_stat_dtype(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> torch.dtype:

@@ -6,8 +6,9 @@ role of each operand and a promotion kind. Its modules, from the kernels up:
 
 * :mod:`~gemsops.ops.pointwise.elementwise`: the ``@triton.jit`` element functions
   (arithmetic, comparisons, the math functions written from ``triton.language``);
-* :mod:`~gemsops.ops.pointwise.codegen`: the two kernel templates (flat and strided) an
-  element function is passed to as a constexpr, and their launchers;
+* :mod:`~gemsops.ops.pointwise.codegen`: the two kernel templates (flat, and tiled rows
+  x columns for broadcast and mixed layouts) an element function is passed to as a
+  constexpr, and their launchers;
 * :mod:`~gemsops.ops.pointwise.types`: the op record and torch's type rules (result
   type, compute dtype, scalar conversion);
 * :mod:`~gemsops.ops.pointwise.iterator`: torch's host-side TensorIterator work

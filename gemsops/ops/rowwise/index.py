@@ -1,9 +1,14 @@
 """Reductions that return an index: argmax, argmin, and max / min over one dim.
 
-Each lane of the accumulator tile keeps its best (value, index) pair while the kernel
-walks the row; one tuple reduction across lanes finishes. The order is torch's: nan
-beats everything (max and min propagate nan; argmax of a row with nan points at the
-first nan), then the larger (smaller) value, and ties go to the lowest index.
+Each lane of the accumulator tile keeps its best value while the kernel walks the line,
+and the start of the chunk it came from: a lane only ever sees later positions, so a
+later value replaces the kept one only when strictly better, and a tie keeps the
+earlier position without comparing indices. Per element that is one comparison, a nan
+test and two selects; the lanes' positions (chunk start + lane) and one tuple
+reduction across lanes finish. The order is torch's: nan beats everything (max and
+min propagate nan; argmax of a line with nan points at the first nan), then the
+larger (smaller) value, and ties go to the lowest index. A second pass over a split
+line's partial results compares (value, index) pairs in full.
 """
 
 from __future__ import annotations
@@ -98,6 +103,49 @@ def _load_pairs(
 
 
 @triton.jit
+def _keep_better(best_v, best_s, v, start, IS_MAX: tl.constexpr):
+    """One step of a lane's walk: take ``v`` (and the chunk ``start``) where it is better
+    than the kept value: strictly larger (smaller), or the first nan. ``v`` comes from a
+    later position than the kept value, so a tie keeps the kept one."""
+    better = v > best_v if IS_MAX else v < best_v
+    take = better | ((v != v) & (best_v == best_v))
+    return tl.where(take, v, best_v), tl.where(take, start, best_s)
+
+
+@triton.jit
+def _walk(X, IDX_IN, base, lo, hi, line_ok, idx, step_n, stride_n, best_v, best_i,
+          AXIS: tl.constexpr, IS_MAX: tl.constexpr, CMP: tl.constexpr, INIT: tl.constexpr,
+          HAS_IDX_IN: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The best (value, index) pair of each lane over positions [lo, hi) of the lines.
+
+    A first pass keeps values and chunk starts (:func:`_keep_better`), the first chunk
+    filling the lanes so that no comparison with INIT is needed (a line of -inf still
+    has its argmax), and gives the lanes' positions at the end; lanes past ``hi`` get
+    INIT and the sentinel. A second pass (HAS_IDX_IN) compares pairs with :func:`_pick`.
+    """
+    if HAS_IDX_IN:
+        for start in range(lo, hi, BLOCK_N):
+            n, _, mask, off = chunk_tile(start, idx, hi, base, line_ok, step_n, stride_n, AXIS)
+            v, i = _load_pairs(X, IDX_IN, off, mask, n, AXIS, CMP, INIT, HAS_IDX_IN)
+            best_v, best_i = _pick(v, i, best_v, best_i, IS_MAX)
+    else:
+        n, n_ok, mask, off = chunk_tile(lo, idx, hi, base, line_ok, step_n, stride_n, AXIS)
+        best_v = tl.load(X + off, mask=mask, other=INIT).to(CMP)
+        best_s = tl.full(best_v.shape, 0, tl.int32) + lo
+        for start in range(lo + BLOCK_N, hi, BLOCK_N):
+            _, _, mask, off = chunk_tile(start, idx, hi, base, line_ok, step_n, stride_n, AXIS)
+            v = tl.load(X + off, mask=mask, other=INIT).to(CMP)
+            best_v, best_s = _keep_better(best_v, best_s, v, start, IS_MAX)
+        if AXIS == 1:
+            best_i = tl.where(n_ok[None, :], best_s + idx[None, :], _SENTINEL)
+            best_v = tl.where(n_ok[None, :], best_v, INIT)
+        else:
+            best_i = tl.where(n_ok[:, None], best_s + idx[:, None], _SENTINEL)
+            best_v = tl.where(n_ok[:, None], best_v, INIT)
+    return best_v, best_i
+
+
+@triton.jit
 def _store_best(
     VAL_OUT,
     IDX_OUT,
@@ -145,10 +193,8 @@ def _arg_rows_kernel(
     # Masked lanes carry the sentinel index, so they lose every tie to a real element.
     best_i = tl.full((BLOCK_M, BLOCK_N), _SENTINEL, tl.int32)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
-    for start in range(lo, hi, BLOCK_N):
-        n, _, mask, off = chunk_tile(start, cols, hi, row_off, row_ok, step_n, stride_n, 1)
-        v, i = _load_pairs(X, IDX_IN, off, mask, n, 1, CMP, INIT, HAS_IDX_IN)
-        best_v, best_i = _pick(v, i, best_v, best_i, IS_MAX)
+    best_v, best_i = _walk(X, IDX_IN, row_off, lo, hi, row_ok, cols, step_n, stride_n,
+                           best_v, best_i, 1, IS_MAX, CMP, INIT, HAS_IDX_IN, BLOCK_N)
     _store_best(
         VAL_OUT,
         IDX_OUT,
@@ -191,10 +237,8 @@ def _arg_mid_kernel(
     best_v = tl.full((BLOCK_N, BLOCK_K), INIT, CMP)
     best_i = tl.full((BLOCK_N, BLOCK_K), _SENTINEL, tl.int32)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
-    for start in range(lo, hi, BLOCK_N):
-        n, _, mask, off = chunk_tile(start, ns, hi, base, k_ok, step_n, stride_n, 0)
-        v, i = _load_pairs(X, IDX_IN, off, mask, n, 0, CMP, INIT, HAS_IDX_IN)
-        best_v, best_i = _pick(v, i, best_v, best_i, IS_MAX)
+    best_v, best_i = _walk(X, IDX_IN, base, lo, hi, k_ok, ns, step_n, stride_n,
+                           best_v, best_i, 0, IS_MAX, CMP, INIT, HAS_IDX_IN, BLOCK_N)
     _store_best(
         VAL_OUT,
         IDX_OUT,

@@ -3,7 +3,10 @@
 A line of at most TILE_N elements (the tuned register budget) is read once and kept
 in registers (BLOCK_N = next_power_of_2(N)); a longer one is read twice: an online
 pass keeps the running max and the sum of exponentials rescaled to it, a second pass
-writes the result. ``dim`` other than the last uses the (M, N, K) view with K
+writes the result. The backward reads y and the gradient the same way: once, with
+``dx = y * (g - sum(g * y))`` (``g - exp(y) * sum(g)`` for log_softmax) from registers,
+where the line fits; else a pass for the sum and one for dx, which keeps the last chunk
+of the first in registers. ``dim`` other than the last uses the (M, N, K) view with K
 contiguous, so no transpose is copied. Arithmetic is float32 (float64 for float64).
 An all ``-inf`` line gives nan, like torch.
 """
@@ -167,19 +170,31 @@ def _softmax_backward_rows_kernel(
         dx = g - tl.exp(y) * tl.sum(g, 1)[:, None] if LOG else y * (g - tl.sum(g * y, 1)[:, None])
         tl.store(o_row + cols[None, :], dx, mask=mask)
     else:
+        # Two passes: the row sum, then dx. The chunk loaded last stays in registers, so
+        # the second pass reads one chunk less.
         acc = tl.zeros((BLOCK_M, BLOCK_N), ACC)
-        for start in range(0, N, BLOCK_N):
-            mask = row_ok[:, None] & ((start + cols) < N)[None, :]
-            n = start + cols[None, :]
+        g = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+        y = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+        n_chunks = tl.cdiv(N, BLOCK_N)
+        for k in range(n_chunks):
+            n = k * BLOCK_N + cols[None, :]
+            mask = row_ok[:, None] & (n < N)
             g = tl.load(g_row + n * stride_gn, mask=mask, other=0.0).to(ACC)
             if LOG:
                 acc += g
             else:
-                acc += g * tl.load(y_row + n * stride_yn, mask=mask, other=0.0).to(ACC)
+                y = tl.load(y_row + n * stride_yn, mask=mask, other=0.0).to(ACC)
+                acc += g * y
         s = tl.sum(acc, 1)[:, None]
-        for start in range(0, N, BLOCK_N):
-            mask = row_ok[:, None] & ((start + cols) < N)[None, :]
-            n = start + cols[None, :]
+        n = (n_chunks - 1) * BLOCK_N + cols[None, :]
+        mask = row_ok[:, None] & (n < N)
+        if LOG:  # the sum needed only g: the last chunk's y is read now
+            y = tl.load(y_row + n * stride_yn, mask=mask, other=0.0).to(ACC)
+        dx = g - tl.exp(y) * s if LOG else y * (g - s)
+        tl.store(o_row + n, dx, mask=mask)
+        for k in range(n_chunks - 1):
+            n = k * BLOCK_N + cols[None, :]
+            mask = row_ok[:, None] & (n < N)
             g = tl.load(g_row + n * stride_gn, mask=mask, other=0.0).to(ACC)
             y = tl.load(y_row + n * stride_yn, mask=mask, other=0.0).to(ACC)
             dx = g - tl.exp(y) * s if LOG else y * (g - s)

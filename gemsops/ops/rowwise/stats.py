@@ -1,10 +1,15 @@
 """var_mean over any dims, in one pass, with torch's ``correction``.
 
-Each chunk of a line is summarised as (count, mean, M2) in registers and merged into the
-running summary with Chan's parallel formula
-``M2 = M2_a + M2_b + delta^2 * n_a * n_b / (n_a + n_b)``, which stays accurate where
-the one-pass ``E[x^2] - E[x]^2`` cancels. A split line's partial summaries (mean, M2;
-the counts follow from the chunk size) are merged the same way by a second launch.
+Each lane of a tile keeps its own running (count, mean, M2) over the values it sees as
+the kernel walks the line: a Welford update per element, with no reduction across
+lanes inside the loop. Every lane of a whole chunk gains one value, so the counts and
+the update's weights are one scalar per chunk; only the last, partial chunk (and the
+partial summaries of a second pass, merged with Chan's parallel formula
+``M2 = M2_a + M2_b + delta^2 * n_a * n_b / (n_a + n_b)``) need counts per lane. At the
+end the lanes' summaries give the line's as ``mean = sum(n_i mean_i) / n`` and
+``M2 = sum(M2_i + n_i (mean_i - mean)^2)``: three sums across lanes, accurate where the
+one-pass ``E[x^2] - E[x]^2`` cancels. A split line's partial summaries (mean, M2; the
+counts follow from the chunk size) are merged by a second launch.
 """
 
 from __future__ import annotations
@@ -34,38 +39,49 @@ from gemsops.ops.rowwise.layout import (
     reduced_shape,
     split,
 )
-from gemsops.ops.rowwise.tiles import chunk_tile, launch, mid_block, row_block, split_bounds
+from gemsops.ops.rowwise.tiles import (
+    chunk_tile,
+    full_end,
+    launch,
+    line_tile,
+    mid_block,
+    row_block,
+    split_bounds,
+)
 
 __all__ = ["var_mean"]
 
 
 @triton.jit
-def _merge(n, mean, m2, w, x, q, AXIS: tl.constexpr):
-    """Merge the summaries (w, x, q) along AXIS of a tile into the running (n, mean, m2).
+def _merge_lanes(cnt, mean, m2, w, x, q, AXIS: tl.constexpr):
+    """Merge the summaries (w, x, q) of a tile into the lanes' running (cnt, mean, m2).
 
-    ``w`` (a vector along AXIS) holds each position's count: 1 for a raw value, 0 for a
-    masked lane, the part size for a partial summary; ``x`` holds means and ``q`` M2s.
-    ``n`` is a scalar: every output line of a tile sees the same counts.
+    ``w`` and ``cnt`` are vectors along the line axis AXIS (every line of a tile sees the
+    same counts): ``w`` is 1 for a raw value, 0 for a masked lane, the part size for a
+    partial summary; ``x`` holds values or means and ``q`` M2s.
     """
-    c = tl.sum(w, 0)
-    wb = w[None, :] if AXIS == 1 else w[:, None]
-    # Masked lanes load x = 0, so w * x is 0 there without a select.
-    c_mean = tl.sum(wb * x, AXIS) / tl.maximum(c, 1.0)
-    d = x - c_mean[:, None] if AXIS == 1 else x - c_mean[None, :]
-    c_m2 = tl.sum(q + tl.where(wb > 0, wb * d * d, 0.0), AXIS)
-    total = n + c
-    frac = tl.where(total > 0, c / tl.maximum(total, 1.0), 0.0)
-    delta = c_mean - mean
-    # The mean as a weighted average rather than mean + delta * frac, so an infinite
-    # mean stays infinite (inf + -inf * frac would be nan), as torch.mean's does.
-    new_mean = mean * (1.0 - frac) + c_mean * frac
-    return total, new_mean, m2 + c_m2 + delta * delta * n * frac
+    total = cnt + w
+    frac = w / tl.maximum(total, 1.0)
+    gain = cnt * frac  # n_a * n_b / (n_a + n_b), per unit of n_b
+    if AXIS == 1:
+        fb = frac[None, :]
+        gb = gain[None, :]
+        wb = w[None, :]
+    else:
+        fb = frac[:, None]
+        gb = gain[:, None]
+        wb = w[:, None]
+    d = x - mean
+    # Lanes without a new value keep theirs (a masked x is 0, an infinite mean stays).
+    mean = tl.where(wb > 0, mean * (1.0 - fb) + x * fb, mean)
+    m2 = m2 + tl.where(wb > 0, q + d * d * gb, 0.0)
+    return total, mean, m2
 
 
 @triton.jit
 def _summaries(X, Q_IN, off, mask, j, j_ok, TOTAL, PART, ACC: tl.constexpr, PARTIAL: tl.constexpr):
-    """A tile as the summaries (w, x, q) :func:`_merge` takes; ``j`` are the positions
-    along the line and ``j_ok`` those in it.
+    """A tile as the summaries (w, x, q) :func:`_merge_lanes` takes; ``j`` are the
+    positions along the line and ``j_ok`` those in it.
 
     Raw values count 1 each with M2 0; with PARTIAL, X and Q_IN hold partial means and
     M2s, and partial ``j`` covers PART elements, fewer for the last (TOTAL in all).
@@ -82,8 +98,94 @@ def _summaries(X, Q_IN, off, mask, j, j_ok, TOTAL, PART, ACC: tl.constexpr, PART
 
 
 @triton.jit
-def _store(MEAN_OUT, VAR_OUT, out, ok, n, mean, m2, DOF, ACC: tl.constexpr, FINAL: tl.constexpr):
-    """Store a summary at ``out``: when FINAL as (mean, variance), else as (mean, M2)."""
+def _lanes(X, Q_IN, base, lo, hi, line_ok, idx, step_n, stride_n, TOTAL, PART,
+           ACC: tl.constexpr, PARTIAL: tl.constexpr, AXIS: tl.constexpr,
+           LINES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``(count, mean - shift, M2, shift)`` of each of the tile's LINES lines over
+    positions [lo, hi).
+
+    Each lane keeps its own summary, merged across lanes at the end (:func:`_combine`).
+    Raw values are shifted by their line's first value, so a large common offset
+    (1e4 + noise) costs no digits, then run Welford's update with the scalar weights of
+    whole chunks and one masked step for the tail; partial summaries (PARTIAL, shift 0)
+    merge with per-lane weights throughout.
+    """
+    if AXIS == 1:
+        mean = tl.zeros((LINES, BLOCK_N), ACC)
+        first = base + tl.zeros((LINES, 1), tl.int32)
+        first_ok = line_ok[:, None]
+    else:
+        mean = tl.zeros((BLOCK_N, LINES), ACC)
+        first = base + tl.zeros((1, LINES), tl.int32)
+        first_ok = line_ok[None, :]
+    m2 = tl.zeros_like(mean)
+    cnt = tl.zeros((BLOCK_N,), ACC)
+    if not PARTIAL:
+        # Every part of a split line shifts by the line's first value, so the partial
+        # means stay small (exact in float32) until the second pass adds it back.
+        # (A line of no elements has no first value: its mask is all off.)
+        shift = tl.load(X + first, mask=first_ok & ((first * 0 + hi) > 0), other=0.0).to(ACC)
+        k = tl.sum(tl.zeros((1,), ACC), 0)  # a 0-d ACC: the count of every lane so far
+        for start in range(lo, full_end(lo, hi, BLOCK_N), BLOCK_N):
+            mask, off = line_tile(start, idx, base, line_ok, step_n, stride_n, AXIS)
+            x = tl.load(X + off, mask=mask, other=0.0).to(ACC) - shift
+            k += 1.0
+            frac = 1.0 / k
+            d = x - mean
+            mean = mean * (1.0 - frac) + x * frac
+            m2 += d * (d * ((k - 1.0) * frac))
+        cnt += k
+        tail = full_end(lo, hi, BLOCK_N)
+        if tail < hi:  # the last, partial chunk: its lanes past hi are masked (w = 0)
+            j, j_ok, mask, off = chunk_tile(tail, idx, hi, base, line_ok, step_n, stride_n,
+                                            AXIS)
+            w, x, q = _summaries(X, Q_IN, off, mask, j, j_ok, TOTAL, PART, ACC, False)
+            cnt, mean, m2 = _merge_lanes(cnt, mean, m2, w, x - shift, q, AXIS)
+        n, line_mean, line_m2 = _combine(cnt, mean, m2, AXIS)
+        line_shift = tl.sum(shift, AXIS)  # as a vector over the lines
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            j, j_ok, mask, off = chunk_tile(start, idx, hi, base, line_ok, step_n, stride_n,
+                                            AXIS)
+            w, x, q = _summaries(X, Q_IN, off, mask, j, j_ok, TOTAL, PART, ACC, True)
+            cnt, mean, m2 = _merge_lanes(cnt, mean, m2, w, x, q, AXIS)
+        n, line_mean, line_m2 = _combine(cnt, mean, m2, AXIS)
+        line_shift = tl.zeros(line_mean.shape, ACC)
+    return n, line_mean, line_m2, line_shift
+
+
+@triton.jit
+def _combine(cnt, mean, m2, AXIS: tl.constexpr):
+    """The lines' (count, mean, M2) from their lanes': ``mean = sum(n_i mean_i) / n`` and
+    ``M2 = sum(M2_i + n_i (mean_i - mean)^2)``, exact and stable (the deviations of the
+    lane means from the line's are small), in three sums across lanes. The weighted
+    sum keeps an infinite mean infinite, as torch.mean's is; lanes without values
+    (``n_i = 0``) add nothing."""
+    n = tl.sum(cnt, 0)
+    if AXIS == 1:  # noqa: SIM108 - a static if in Triton, not a select
+        cb = cnt[None, :]
+    else:
+        cb = cnt[:, None]
+    line_mean = tl.sum(tl.where(cb > 0, cb * mean, 0.0), AXIS) / tl.maximum(n, 1.0)
+    if AXIS == 1:  # noqa: SIM108 - a static if in Triton, not a select
+        d = mean - line_mean[:, None]
+    else:
+        d = mean - line_mean[None, :]
+    return n, line_mean, tl.sum(tl.where(cb > 0, m2 + cb * d * d, 0.0), AXIS)
+
+
+@triton.jit
+def _store(MEAN_OUT, VAR_OUT, SHIFT, out, line, ok, part, n, mean, m2, shift, DOF,
+           ACC: tl.constexpr, PARTIAL: tl.constexpr, FINAL: tl.constexpr):
+    """Store a line's summary at ``out``: when FINAL as (mean, variance), else as (mean
+    less the line's shift, M2), part 0 also storing the shift at SHIFT + line; a second
+    pass (PARTIAL) adds the shift stored there back to the mean."""
+    if PARTIAL:
+        mean += tl.load(SHIFT + line, mask=ok, other=0.0)
+    elif FINAL:
+        mean += shift
+    else:
+        tl.store(SHIFT + line, shift, mask=ok & ((line * 0 + part) == 0))
     if FINAL:
         # The mean of nothing is nan (0 / 0), as in torch.
         mean = tl.where(n > 0, mean, float("nan"))
@@ -97,8 +199,9 @@ def _store(MEAN_OUT, VAR_OUT, out, ok, n, mean, m2, DOF, ACC: tl.constexpr, FINA
 def _var_mean_rows_kernel(
     X,  # values x[m, n] at X + m * stride_m + n * stride_n (partial means when PARTIAL)
     Q_IN,  # with PARTIAL: partial M2, laid out like X
-    MEAN_OUT,  # (M, S) contiguous: means (final, or partial when not FINAL)
+    MEAN_OUT,  # (M, S) contiguous: means (final, or partial less the shift if not FINAL)
     VAR_OUT,  # (M, S) contiguous: variances when FINAL, else partial M2
+    SHIFT,  # (M,): each row's shift, written by a split's first pass, read by its second
     M,
     N,
     stride_m,
@@ -117,17 +220,11 @@ def _var_mean_rows_kernel(
     part, parts, lo, hi = split_bounds(CHUNK, N)
     row_off = rows.to(tl.int64)[:, None] * stride_m
     cols = tl.arange(0, BLOCK_N)
-    n = tl.sum(tl.zeros((1,), ACC), 0)
-    mean = tl.zeros((BLOCK_M,), ACC)
-    m2 = tl.zeros((BLOCK_M,), ACC)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
-    for start in range(lo, hi, BLOCK_N):
-        j, col_ok, mask, off = chunk_tile(start, cols, hi, row_off, row_ok, step_n, stride_n, 1)
-        w, x, q = _summaries(X, Q_IN, off, mask, j, col_ok, TOTAL, PART, ACC, PARTIAL)
-        n, mean, m2 = _merge(n, mean, m2, w, x, q, 1)
-    _store(
-        MEAN_OUT, VAR_OUT, rows.to(tl.int64) * parts + part, row_ok, n, mean, m2, DOF, ACC, FINAL
-    )
+    n, mean, m2, shift = _lanes(X, Q_IN, row_off, lo, hi, row_ok, cols, step_n, stride_n,
+                                TOTAL, PART, ACC, PARTIAL, 1, BLOCK_M, BLOCK_N)
+    _store(MEAN_OUT, VAR_OUT, SHIFT, rows.to(tl.int64) * parts + part, rows, row_ok, part,
+           n, mean, m2, shift, DOF, ACC, PARTIAL, FINAL)
 
 
 @autotune("var_mean_mid", key=["M", "N", "K"])
@@ -137,6 +234,7 @@ def _var_mean_mid_kernel(
     Q_IN,  # with PARTIAL: partial M2, laid out like X
     MEAN_OUT,  # (M, S, K) contiguous
     VAR_OUT,  # (M, S, K) contiguous
+    SHIFT,  # (M, K): each line's shift (see the rows kernel)
     M,
     N,
     K,
@@ -156,15 +254,11 @@ def _var_mean_mid_kernel(
     part, parts, lo, hi = split_bounds(CHUNK, N)
     base = m * stride_m + ks[None, :]
     ns = tl.arange(0, BLOCK_N)
-    n = tl.sum(tl.zeros((1,), ACC), 0)
-    mean = tl.zeros((BLOCK_K,), ACC)
-    m2 = tl.zeros((BLOCK_K,), ACC)
     step_n = tl.cast(stride_n, tl.int64)  # start * stride_n may pass 2**31
-    for start in range(lo, hi, BLOCK_N):
-        j, row_ok, mask, off = chunk_tile(start, ns, hi, base, k_ok, step_n, stride_n, 0)
-        w, x, q = _summaries(X, Q_IN, off, mask, j, row_ok, TOTAL, PART, ACC, PARTIAL)
-        n, mean, m2 = _merge(n, mean, m2, w, x, q, 0)
-    _store(MEAN_OUT, VAR_OUT, (m * parts + part) * K + ks, k_ok, n, mean, m2, DOF, ACC, FINAL)
+    n, mean, m2, shift = _lanes(X, Q_IN, base, lo, hi, k_ok, ns, step_n, stride_n, TOTAL,
+                                PART, ACC, PARTIAL, 0, BLOCK_K, BLOCK_N)
+    _store(MEAN_OUT, VAR_OUT, SHIFT, (m * parts + part) * K + ks, m * K + ks, k_ok, part,
+           n, mean, m2, shift, DOF, ACC, PARTIAL, FINAL)
 
 
 def _launch(
@@ -172,6 +266,7 @@ def _launch(
     q_in: Tensor | None,
     mean_out: Tensor,
     var_out: Tensor,
+    shift: Tensor | None,
     parts: int,
     chunk: int,
     total: int,
@@ -186,7 +281,7 @@ def _launch(
         _var_mean_rows_kernel,
         _var_mean_mid_kernel,
         lay,
-        (q_arg, mean_out, var_out),
+        (q_arg, mean_out, var_out, mean_out if shift is None else shift),
         (chunk, total, part, dof),
         consts,
         parts,
@@ -256,12 +351,14 @@ def _var_mean(
         dof = int(dof)
     parts, chunk = split(lay)
     if parts == 1:
-        _launch(lay, None, mean, var, 1, lay.N, total, 1, dof, acc, True)
+        _launch(lay, None, mean, var, None, 1, lay.N, total, 1, dof, acc, True)
         return var, mean, no_dof
     p_mean = part_buffer(lay, parts, acc)
     p_m2 = part_buffer(lay, parts, acc)
-    _launch(lay, None, p_mean, p_m2, parts, chunk, total, 1, 1, acc, False)
-    _launch(part_layout(lay, p_mean), p_m2, mean, var, 1, parts, total, chunk, dof, acc, True)
+    shift = torch.empty((lay.M, lay.K), dtype=acc, device=x.device)
+    _launch(lay, None, p_mean, p_m2, shift, parts, chunk, total, 1, 1, acc, False)
+    _launch(part_layout(lay, p_mean), p_m2, mean, var, shift, 1, parts, total, chunk, dof, acc,
+            True)
     return var, mean, no_dof
 
 

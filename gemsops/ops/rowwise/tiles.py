@@ -20,9 +20,11 @@ import triton.language as tl
 
 import gemshal
 from gemsops.ops.grid import cdiv
+from gemsops.ops.rowwise import layout as _layout
 from gemsops.ops.rowwise.layout import Layout
 
-__all__ = ["chunk_tile", "launch", "mid_block", "row_block", "split_bounds"]
+__all__ = ["chunk_tile", "full_end", "launch", "line_tile", "mid_block", "row_block",
+           "split_bounds", "wide_split"]
 
 
 @triton.jit
@@ -77,6 +79,27 @@ def chunk_tile(start, idx, hi, base, line_ok, step_n, stride_n, AXIS: tl.constex
     return n, n_ok, mask, off
 
 
+@triton.jit
+def full_end(lo, hi, BLOCK_N: tl.constexpr):
+    """Where the whole chunks of ``[lo, hi)`` end: ``[lo, full_end)`` is a whole number of
+    BLOCK_N chunks, what is left (fewer than BLOCK_N) a tail."""
+    return lo + (hi - lo) // BLOCK_N * BLOCK_N
+
+
+@triton.jit
+def line_tile(start, idx, base, line_ok, step_n, stride_n, AXIS: tl.constexpr):
+    """A whole chunk's tile at ``start`` (every position before the line's end):
+    ``(mask, off)`` as :func:`chunk_tile`'s, the mask saying only which lines exist, so
+    it is constant along the line and never splits a vector load."""
+    if AXIS == 1:
+        mask = tl.broadcast_to(line_ok[:, None], (line_ok.shape[0], idx.shape[0]))
+        off = base + start * step_n + idx[None, :] * stride_n
+    else:
+        mask = tl.broadcast_to(line_ok[None, :], (idx.shape[0], line_ok.shape[0]))
+        off = base + start * step_n + idx[:, None] * stride_n
+    return mask, off
+
+
 def launch(
     rows_kernel: Any,
     mid_kernel: Any,
@@ -110,3 +133,29 @@ def launch(
                 (src, *pointers, m, n, k, stride_m, stride_n, *scalars),
                 consts,
             )
+
+
+def wide_split(lay: Layout, width: int) -> tuple[int, int]:
+    """:func:`gemsops.ops.rowwise.layout.split` for kernels whose middle-form programs may
+    take up to ``width`` columns (``BLOCK_K``) each: ``(splits, chunk)``.
+
+    ``split`` counts a program as :data:`~gemsops.ops.rowwise.layout.MID_WIDTH` columns,
+    so a config with wider tiles would get fewer programs than the device needs to
+    reach its bandwidth (``sum(dim=0)`` of a 16384 x 16384 matrix: 17 splits, 544
+    programs of 512 columns). Counting programs at ``width`` columns keeps the wide
+    configs at :data:`~gemsops.ops.rowwise.layout.SPLIT_WAVES` programs per
+    multiprocessor; narrow ones then get more, which costs them nothing (the partial
+    results are a few megabytes at most). The rows form is ``split``'s answer.
+    """
+    m, n, k = lay.M, lay.N, lay.K
+    if k == 1 or width <= _layout.MID_WIDTH or m * n * k < _layout.SPLIT_MIN_TOTAL:
+        return _layout.split(lay)
+    programs = m * -(-k // width)
+    target = _layout.SPLIT_WAVES * max(1, gemshal.device_of(lay.src).multiprocessor_count)
+    # As split: at least SPLIT_MIN_CHUNK elements for the narrowest program.
+    want = min(-(-target // programs), n * min(k, _layout.MID_WIDTH) // _layout.SPLIT_MIN_CHUNK)
+    if want <= 1:
+        return _layout.split(lay)
+    chunk = -(-n // want)
+    parts = -(-n // chunk)
+    return (parts, chunk) if parts > 1 else (1, n)

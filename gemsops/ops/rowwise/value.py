@@ -35,7 +35,14 @@ from gemsops.ops.rowwise.layout import (
     tl_dtype,
     view,
 )
-from gemsops.ops.rowwise.tiles import chunk_tile, launch, mid_block, row_block, split_bounds
+from gemsops.ops.rowwise.tiles import (
+    chunk_tile,
+    launch,
+    mid_block,
+    row_block,
+    split_bounds,
+    wide_split,
+)
 
 __all__ = ["MAX", "MIN", "PROD", "SUM", "reduce"]
 
@@ -49,35 +56,45 @@ def _times(a, b):
 
 
 @triton.jit
+def _max_nan(a, b):
+    # The larger, or nan where either is nan (one instruction where the device has a
+    # nan-propagating max); integers compare plainly.
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _min_nan(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _fold(acc, x, OP: tl.constexpr):
-    """One element-wise step of the reduction ``OP`` (x is the new value)."""
+    """One element-wise step of the reduction ``OP`` (x is the new value).
+
+    max and min propagate nan, as torch's do: once a lane holds nan it keeps it.
+    """
     if OP == 0:
         r = acc + x
     elif OP == 1:
         r = acc * x
     elif OP == 2:
-        # x wins when larger or nan, so a nan accumulator stays nan: max propagates nan.
-        r = tl.where((x > acc) | (x != x), x, acc)
+        r = _max_nan(acc, x)
     else:
-        r = tl.where((x < acc) | (x != x), x, acc)
+        r = _min_nan(acc, x)
     return r
 
 
 @triton.jit
-def _fold_axis(acc, AXIS: tl.constexpr, OP: tl.constexpr, INIT: tl.constexpr):
+def _fold_axis(acc, AXIS: tl.constexpr, OP: tl.constexpr):
     """Reduce the accumulator tile along ``AXIS`` with ``OP``."""
     if OP == 0:
         r = tl.sum(acc, AXIS)
     elif OP == 1:
         r = tl.reduce(acc, AXIS, _times)
+    elif OP == 2:
+        r = tl.reduce(acc, AXIS, _max_nan)
     else:
-        # Built-in max/min (fast everywhere, nan handling unspecified) over the non-nan
-        # lanes, then nan wherever a lane holds one.
-        is_nan = acc != acc
-        clean = tl.where(is_nan, INIT, acc)
-        r = tl.max(clean, AXIS) if OP == 2 else tl.min(clean, AXIS)
-        if tl.constexpr(acc.dtype.is_floating()):
-            r = tl.where(tl.max(is_nan.to(tl.int32), AXIS) > 0, float("nan"), r)
+        r = tl.reduce(acc, AXIS, _min_nan)
     return r
 
 
@@ -110,7 +127,7 @@ def _reduce_rows_kernel(
         _, _, mask, ptr = chunk_tile(start, cols, hi, row_ptr, row_ok, step_n, stride_n, 1)
         x = tl.load(ptr, mask=mask, other=INIT)
         acc = _fold(acc, x.to(ACC), OP)
-    res = _fold_axis(acc, 1, OP, INIT)
+    res = _fold_axis(acc, 1, OP)
     if MEAN:
         res = res / tl.cast(DIVISOR, ACC)
     tl.store(OUT + rows.to(tl.int64) * parts + part, res, mask=row_ok)
@@ -145,10 +162,25 @@ def _reduce_mid_kernel(
         _, _, mask, ptr = chunk_tile(start, ns, hi, base, k_ok, step_n, stride_n, 0)
         x = tl.load(ptr, mask=mask, other=INIT)
         acc = _fold(acc, x.to(ACC), OP)
-    res = _fold_axis(acc, 0, OP, INIT)
+    res = _fold_axis(acc, 0, OP)
     if MEAN:
         res = res / tl.cast(DIVISOR, ACC)
     tl.store(OUT + (m * parts + part) * K + ks, res, mask=k_ok)
+
+
+_WIDEST: tuple[Any, int] = (None, 0)
+
+
+def _mid_width() -> int:
+    """The widest column tile (``BLOCK_K``) the ``reduce_mid`` entry lists on this device,
+    which :func:`~gemsops.ops.rowwise.tiles.wide_split` plans splits for (kept until
+    the tuning data is read again)."""
+    global _WIDEST
+    configs = _reduce_mid_kernel.configs_for_current_device()
+    if _WIDEST[0] is not configs:
+        widths = [int(dict(c.meta).get("BLOCK_K", 1)) for c in configs]
+        _WIDEST = (configs, max(widths, default=1))
+    return _WIDEST[1]
 
 
 def _launch(
@@ -279,7 +311,8 @@ def reduce(
         planned = plan(src, dims)
         assert planned is not None  # copy=True (the default): plan never returns None
         lay = planned
-    parts, chunk = split(lay)
+    # Middle-form lines (sum(dim=0)) split so that even the widest tiles fill the device.
+    parts, chunk = split(lay) if lay.K == 1 else wide_split(lay, _mid_width())
     out_view = kernel_view(out)
     final = r.plain if count is None else r.mean
     if parts == 1:
