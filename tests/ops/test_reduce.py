@@ -530,3 +530,20 @@ def tiles_parts(lay: reduce_layout.Layout, width: int) -> int:
     from gemsops.ops.rowwise import tiles
 
     return tiles.wide_split(lay, width)[0]
+
+
+def test_var_mean_kernel_keeps_an_infinite_first_value_infinite(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel shifts each line by its first value; an infinite first value is not
+    used as the shift, so the line's mean stays +-inf (its variance nan), as a device
+    computes it. (On the CPU such lines go to torch; here the kernel is made to run.)"""
+    from gemsops.ops.rowwise import stats
+
+    monkeypatch.setattr(stats, "holds_large", lambda *a: False)
+    x = torch.tensor([[math.inf, 1.0, 2.0], [-math.inf, 3.0, 4.0], [5.0, 6.0, 7.0]],
+                     device=DEVICE)
+    var, mean = var_mean(x, 1)
+    assert mean[0].item() == math.inf and mean[1].item() == -math.inf
+    assert mean[2].item() == pytest.approx(6.0) and var[2].item() == pytest.approx(1.0)
+    assert math.isnan(var[0].item()) and math.isnan(var[1].item())

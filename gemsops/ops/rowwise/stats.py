@@ -125,6 +125,8 @@ def _lanes(X, Q_IN, base, lo, hi, line_ok, idx, step_n, stride_n, TOTAL, PART,
         # means stay small (exact in float32) until the second pass adds it back.
         # (A line of no elements has no first value: its mask is all off.)
         shift = tl.load(X + first, mask=first_ok & ((first * 0 + hi) > 0), other=0.0).to(ACC)
+        # An infinite or nan first value is no offset (inf - inf would make the mean nan).
+        shift = tl.where(shift - shift == 0, shift, 0.0)
         k = tl.sum(tl.zeros((1,), ACC), 0)  # a 0-d ACC: the count of every lane so far
         for start in range(lo, full_end(lo, hi, BLOCK_N), BLOCK_N):
             mask, off = line_tile(start, idx, base, line_ok, step_n, stride_n, AXIS)
