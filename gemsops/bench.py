@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -582,6 +583,11 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench", help="time gemsops against torch (and FlagGems when installed)")
     p.add_argument("--ops", help="comma-separated op names to run (default: all)")
     p.add_argument("--dtypes", help="comma-separated dtypes to run, e.g. bfloat16,float32")
+    p.add_argument(
+        "--match",
+        metavar="REGEX",
+        help="run only the cases whose label matches, e.g. '^(mm|linear) (1|4|16)x'",
+    )
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of speedups and bandwidth")
     p.add_argument(
@@ -637,15 +643,22 @@ def _filtered(all_cases: list[BenchCase], args: argparse.Namespace) -> Iterator[
             f"gemsops bench: unknown dtype(s) {sorted(dtypes - known_dtypes)}; "
             f"known: {sorted(known_dtypes)}"
         )
+    try:
+        pattern = re.compile(args.match) if args.match else None
+    except re.error as exc:
+        raise SystemExit(f"gemsops bench: --match {args.match!r}: not a regex: {exc}") from exc
     selected = [
         case
         for case in all_cases
-        if (ops is None or case.op in ops) and (dtypes is None or str(case.dtype)[6:] in dtypes)
+        if (ops is None or case.op in ops)
+        and (dtypes is None or str(case.dtype)[6:] in dtypes)
+        and (pattern is None or pattern.search(case.label))
     ]
     if not selected:
         raise SystemExit(
             f"gemsops bench: no case has op(s) {sorted(ops or known_ops)} "
             f"in dtype(s) {sorted(dtypes or known_dtypes)}"
+            + (f" with a label matching {args.match!r}" if pattern else "")
         )
     yield from selected
 
@@ -778,7 +791,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
     result["tuned"] = tuned()
     _save(result, args.json)
-    if not (args.no_model or args.ops or args.dtypes):
+    if not (args.no_model or args.ops or args.dtypes or args.match):
         result["model"] = bench_model.measure_model(model_cfg)
         result["tuned"] = tuned()
         _save(result, args.json)

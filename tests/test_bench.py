@@ -40,6 +40,20 @@ def test_bench_tiny_mode_runs_the_matmul_and_backward_kinds(tmp_path: Path) -> N
     assert rows[1]["torch_tflops"] > 0 and rows[2]["torch_gbs"] > 0
 
 
+def test_bench_match_selects_cases_by_label(tmp_path: Path) -> None:
+    """--match keeps the cases whose label matches the regex; a bad regex or one that
+    matches nothing stops the run with a message naming it."""
+    out = tmp_path / "bench.json"
+    args = ["bench", "--tiny", "--no-host", "--match", "^(linear|bmm) ", "--json", str(out)]
+    assert main(args) == 0
+    labels = [r["case"] for r in json.loads(out.read_text())["rows"]]
+    assert labels == ["bmm 2x16x16x16 (b transposed)", "linear 4x16x16 +bias"]
+    with pytest.raises(SystemExit, match=r"--match '\(': not a regex"):
+        main(["bench", "--tiny", "--no-host", "--match", "("])
+    with pytest.raises(SystemExit, match="with a label matching 'nothing'"):
+        main(["bench", "--tiny", "--no-host", "--match", "nothing"])
+
+
 def test_bench_rejects_unknown_ops() -> None:
     """An unknown --ops name stops the run with a message listing the known ops."""
     with pytest.raises(SystemExit, match="known"):
@@ -181,6 +195,6 @@ def test_bench_errors_when_the_filters_select_nothing() -> None:
         str(c.dtype)[6:] for c in all_cases if c.op == op
     }
     assert others  # the full suite has an op in one dtype only
-    args = argparse.Namespace(ops=op, dtypes=sorted(others)[0])
+    args = argparse.Namespace(ops=op, dtypes=sorted(others)[0], match=None)
     with pytest.raises(SystemExit, match="no case has"):
         list(bench._filtered(all_cases, args))

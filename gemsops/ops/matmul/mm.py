@@ -35,7 +35,10 @@ __all__ = ["addmm", "bmm", "launch_product", "mm"]
 
 
 
-@autotune("mm", key=["M", "N", "K"])
+# The operands' layouts are part of the key (a stride of 1 and a long stride fall in
+# different size buckets): a linear layer's weight.t() and a row-major weight of the same
+# shape want different tiles, and the split and the epilogue change the work per tile.
+@autotune("mm", key=["M", "N", "K", "stride_ak", "stride_bk", "SPLIT_K", "HAS_BIAS"])
 @triton.jit
 def _mm_kernel(
     A,  # [batch, M, K] operand, any strides

@@ -1,14 +1,15 @@
 """The persistent tensor-descriptor matmul: mm, addmm and bmm on devices that have
 ``tensor_descriptors`` (Hopper and later on NVIDIA).
 
-One program per multiprocessor (or two, ``OCCUPANCY``) walks the output tiles in grouped order (neighbouring
-tiles share operand rows and columns in L2). Operand tiles are fetched through tensor
-descriptors, so the copy engine moves them into shared memory while the tensor cores work
-on the previous ones; the result tile is written back through a descriptor as well. The
-epilogue fuses ``alpha``, the addmm term (a bias row for linear layers) and the cast to
-the output type. Operands may be transposed views (linear's ``weight.t()``, attention's
-``k.transpose(-2, -1)``): the descriptor is built over the transposed matrix and the tile
-is transposed in registers, so nothing is copied.
+One program per multiprocessor (or two, ``OCCUPANCY``) walks the output tiles in grouped
+order (neighbouring tiles share operand rows and columns in L2). Operand tiles are
+fetched through tensor descriptors, so the copy engine moves them into shared memory
+while the tensor cores work on the previous ones; the result tile is written back
+through a descriptor as well. The epilogue fuses ``alpha``, the addmm term (a bias row
+for linear layers) and the cast to the output type. Operands may be transposed views
+(linear's ``weight.t()``, attention's ``k.transpose(-2, -1)``): the descriptor is built
+over the transposed matrix and the tile is transposed in registers, so nothing is
+copied.
 
 A descriptor needs a 16-byte aligned base, a unit stride in its last dimension and
 16-byte aligned other strides; :func:`eligible` checks this, and the caller falls back to
