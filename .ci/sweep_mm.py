@@ -157,6 +157,18 @@ def bench(fn: Any, timing: bool) -> float:
     return float(triton.testing.do_bench(fn, warmup=5, rep=rep, return_mode="median"))
 
 
+def record(label: str, kind: str, a: Any, b: Any, bias: Any, timing: bool) -> dict[str, Any]:
+    """A case's record: torch's time and gemsops' (as a user calls it) when timing."""
+    rec: dict[str, Any] = {"case": label, "kind": kind, "configs": []}
+    if timing:
+        rec["torch_ms"] = bench(torch_fn(a, b, bias), True)
+        with registry.use_gems():
+            f = torch_fn(a, b, bias)
+            f()
+            rec["gemsops_ms"] = bench(f, True)
+    return rec
+
+
 def run(timing: bool, share: tuple[int, int] | None) -> list[dict[str, Any]]:
     gemshal.ensure_scratch_allocator()
     results = []
@@ -173,13 +185,7 @@ def run(timing: bool, share: tuple[int, int] | None) -> list[dict[str, Any]]:
         c = torch.empty(shape, device=DEV, dtype=a.dtype)
         s = None if bias is None else bias.expand(shape)
         flops = 2 * a.shape[-2] * b.shape[-1] * a.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
-        rec: dict[str, Any] = {"case": label, "kind": "persistent", "configs": []}
-        if timing:
-            rec["torch_ms"] = bench(torch_fn(a, b, bias), True)
-            with registry.use_gems():
-                f = torch_fn(a, b, bias)
-                f()
-                rec["gemsops_ms"] = bench(f, True)
+        rec = record(label, "persistent", a, b, bias, timing)
         grid, args, consts = P.plan(a, b, c, s, 1.0, 1.0)
         for cfg in persistent_configs():
             if not mine():
@@ -213,13 +219,7 @@ def run(timing: bool, share: tuple[int, int] | None) -> list[dict[str, Any]]:
         a, b, _ = make()
         M, K, N = a.shape[0], a.shape[1], b.shape[1]
         c = torch.empty(M, N, device=DEV, dtype=a.dtype)
-        rec = {"case": label, "kind": "decode", "configs": []}
-        if timing:
-            rec["torch_ms"] = bench(torch_fn(a, b, None), True)
-            with registry.use_gems():
-                f = torch_fn(a, b, None)
-                f()
-                rec["gemsops_ms"] = bench(f, True)
+        rec = record(label, "decode", a, b, None, timing)
         sa, sb, sc = (0, *a.stride()), (0, *b.stride()), (0, *c.stride())
         for split in (1, 2, 4, 8, 16):
             mmc, red = MM._consts(a.dtype, False, None, split)

@@ -29,6 +29,7 @@ from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, check_supported, tl_acc
 from gemsops.ops.grid import cdiv
 from gemsops.ops.matmul import persistent
+from gemsops.ops.matmul.persistent import grouped_tile
 from gemsops.ops.outputs import prepare_out
 
 __all__ = ["addmm", "bmm", "launch_product", "mm"]
@@ -66,18 +67,9 @@ def _mm_kernel(
 ):
     # Axis 0 enumerates batch x output tiles; within one batch entry tiles go in groups of
     # GROUP_M tile-rows so consecutive programs reuse the same B columns and A rows.
-    pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    tiles = grid_m * grid_n
-    pid_b = pid // tiles
-    pid = pid % tiles
-    width = GROUP_M * grid_n
-    first_m = (pid // width) * GROUP_M
-    group_rows = min(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % group_rows
-    pid_n = (pid % width) // group_rows
+    pid_b, pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M),
+                                       tl.cdiv(N, BLOCK_N), GROUP_M)
 
     # int64 offsets: an [M, N] result of a vocabulary projection can pass 2**31 elements.
     rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)

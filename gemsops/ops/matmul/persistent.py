@@ -30,7 +30,7 @@ import gemshal
 from gemshal.autotune import autotune
 from gemsops.ops.grid import cdiv
 
-__all__ = ["eligible", "launch", "plan"]
+__all__ = ["eligible", "grouped_tile", "launch", "plan"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
 
@@ -68,9 +68,10 @@ def _store(desc, b, r, c, tile, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 
 
 @triton.jit
-def _tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
-    # (batch, tile row, tile column) of linear tile number ``tile``; within one batch
-    # entry, tile rows go in groups of GROUP_M so consecutive tiles share B's columns.
+def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(batch, tile row, tile column) of linear tile number ``tile`` of a batch of
+    ``tiles_m x tiles_n`` tile grids: within one batch entry, tile rows go in groups of
+    ``GROUP_M``, so consecutive tiles share B's columns and A's rows in L2."""
     per_batch = tiles_m * tiles_n
     b = tile // per_batch
     t = tile % per_batch
@@ -136,7 +137,7 @@ def _mm_persistent_kernel(
     done = tl.program_id(0) - programs
     for tile in tl.range(tl.program_id(0), tiles, programs, flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
-        b, pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+        b, pid_m, pid_n = grouped_tile(tile, tiles_m, tiles_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -157,7 +158,7 @@ def _mm_persistent_kernel(
             acc = tl.dot(a, w, acc)
 
         done += programs
-        b, pid_m, pid_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)
+        b, pid_m, pid_n = grouped_tile(done, tiles_m, tiles_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         if SCALE:
