@@ -24,7 +24,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, Number
 from gemsops.ops.pointwise import elementwise as M
-from gemsops.ops.pointwise.iterator import run
+from gemsops.ops.pointwise.iterator import run, unary_function
 from gemsops.ops.pointwise.types import NO_BOOL
 from gemsops.ops.pointwise.types import PointwiseOp as Op
 from gemsops.ops.pointwise.types import Promotion as P
@@ -180,14 +180,8 @@ THRESHOLD_BACKWARD = Op("threshold_backward", _threshold_backward, "ppv", dtypes
 def _unary(name: str, doc: str) -> Callable[..., Tensor]:
     """The public function of ``UNARY[name]``, declared for ``name.default``, ``name.out``
     and ``name_.default``."""
-    record = UNARY[name]
-
-    def fn(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
-        return run(record, (self,), out=out, inplace=inplace)
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = doc
-    return op(f"{name}.default", out=f"{name}.out", inplace=f"{name}_.default")(fn)
+    return op(f"{name}.default", out=f"{name}.out", inplace=f"{name}_.default")(
+        unary_function(UNARY[name], doc))
 
 
 exp = _unary("exp", "e ** self (to about 1 ulp in float32).")

@@ -26,7 +26,13 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, Number
 from gemsops.ops.pointwise import elementwise as M
-from gemsops.ops.pointwise.iterator import broadcast_shape, resize_output, run
+from gemsops.ops.pointwise.iterator import (
+    binary_function,
+    broadcast_shape,
+    resize_output,
+    run,
+    unary_function,
+)
 from gemsops.ops.pointwise.types import (
     ALL_DTYPES,
     NO_BOOL,
@@ -242,40 +248,21 @@ def pow(self: Value, exponent: Value, *, out: Tensor | None = None,
 # --- unary, comparisons, logic ----------------------------------------------------
 
 
-def _unary(record: Op, doc: str) -> Callable[..., Tensor]:
-    def fn(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
-        return run(record, (self,), out=out, inplace=inplace)
-
-    fn.__name__ = fn.__qualname__ = record.name
-    fn.__doc__ = doc
-    return fn
-
-
-def _binary(record: Op, doc: str) -> Callable[..., Tensor]:
-    def fn(self: Tensor, other: Value, *, out: Tensor | None = None,
-           inplace: bool = False) -> Tensor:
-        return run(record, (self, other), out=out, inplace=inplace)
-
-    fn.__name__ = fn.__qualname__ = record.name
-    fn.__doc__ = doc
-    return fn
-
-
 def _compare(name: str, doc: str) -> Callable[..., Tensor]:
     """A comparison, serving its Tensor and Scalar overloads, out= and in place (where the
     bool result is cast to self's dtype)."""
     return op(f"{name}.Tensor", f"{name}.Scalar",
               out=(f"{name}.Tensor_out", f"{name}.Scalar_out"),
-              inplace=(f"{name}_.Tensor", f"{name}_.Scalar"))(_binary(COMPARE[name], doc))
+              inplace=(f"{name}_.Tensor", f"{name}_.Scalar"))(binary_function(COMPARE[name], doc))
 
 
 neg = op("neg.default", out="neg.out", inplace="neg_.default")(
-    _unary(NEG, "``-self``."))
+    unary_function(NEG, "``-self``."))
 abs = op("abs.default", out="abs.out", inplace="abs_.default")(
-    _unary(ABS, "``|self|`` (``abs(-0.0)`` is ``0.0``)."))
+    unary_function(ABS, "``|self|`` (``abs(-0.0)`` is ``0.0``)."))
 sign = op("sign.default", "sgn.default", out=("sign.out", "sgn.out"),
           inplace=("sign_.default", "sgn_.default"))(
-    _unary(SIGN, "-1, 0 or 1 by the sign of ``self`` (0 for nan); ``sgn`` for reals."))
+    unary_function(SIGN, "-1, 0 or 1 by the sign of ``self`` (0 for nan); ``sgn`` for reals."))
 eq = _compare("eq", "``self == other`` as a bool tensor.")
 ne = _compare("ne", "``self != other`` as a bool tensor (true for nan).")
 lt = _compare("lt", "``self < other`` as a bool tensor.")
@@ -283,16 +270,16 @@ le = _compare("le", "``self <= other`` as a bool tensor.")
 gt = _compare("gt", "``self > other`` as a bool tensor.")
 ge = _compare("ge", "``self >= other`` as a bool tensor.")
 logical_and = op("logical_and.default", out="logical_and.out", inplace="logical_and_.default")(
-    _binary(LOGICAL["logical_and"], "Both nonzero, as a bool tensor."))
+    binary_function(LOGICAL["logical_and"], "Both nonzero, as a bool tensor."))
 logical_or = op("logical_or.default", out="logical_or.out", inplace="logical_or_.default")(
-    _binary(LOGICAL["logical_or"], "Either nonzero, as a bool tensor."))
+    binary_function(LOGICAL["logical_or"], "Either nonzero, as a bool tensor."))
 logical_not = op("logical_not.default", out="logical_not.out", inplace="logical_not_.default")(
-    _unary(LOGICAL["logical_not"], "Zero, as a bool tensor."))
+    unary_function(LOGICAL["logical_not"], "Zero, as a bool tensor."))
 def _bitwise(name: str, doc: str) -> Callable[..., Tensor]:
     """A bitwise op, serving its Tensor and Scalar overloads, out= and in place."""
     return op(f"{name}.Tensor", f"{name}.Scalar",
               out=(f"{name}.Tensor_out", f"{name}.Scalar_out"),
-              inplace=(f"{name}_.Tensor", f"{name}_.Scalar"))(_binary(BITWISE[name], doc))
+              inplace=(f"{name}_.Tensor", f"{name}_.Scalar"))(binary_function(BITWISE[name], doc))
 
 
 bitwise_and = _bitwise("bitwise_and", "``self & other`` on integers and bools.")
@@ -305,9 +292,9 @@ def bitwise_not(self: Tensor, *, out: Tensor | None = None, inplace: bool = Fals
     record = LOGICAL["logical_not"] if self.dtype == torch.bool else BITWISE_NOT
     return run(record, (self,), out=out, inplace=inplace)
 maximum = op("maximum.default", out="maximum.out")(
-    _binary(MAXIMUM, "Elementwise max; nan wins."))
+    binary_function(MAXIMUM, "Elementwise max; nan wins."))
 minimum = op("minimum.default", out="minimum.out")(
-    _binary(MINIMUM, "Elementwise min; nan wins."))
+    binary_function(MINIMUM, "Elementwise min; nan wins."))
 
 
 # --- selection --------------------------------------------------------------------

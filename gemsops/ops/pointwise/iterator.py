@@ -13,7 +13,7 @@ takes a fast path whose dtype decisions are cached per (op, operand dtypes).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ from gemsops.ops.pointwise.codegen import (
 from gemsops.ops.pointwise.types import PointwiseOp, device_type, op_dtypes, scalar_arg
 from gemsops.ops.pointwise.types import casts as operand_casts
 
-__all__ = ["broadcast_shape", "resize_output", "run"]
+__all__ = ["binary_function", "broadcast_shape", "resize_output", "run", "unary_function"]
 
 Casts = tuple[torch.dtype | None, torch.dtype | None]  # (via, to) of types.casts
 
@@ -425,3 +425,29 @@ def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
     else:
         launch_strided(out, args, [*kinds, VALUE, VALUE][:3], shape, meta)
     return out
+
+
+def unary_function(record: PointwiseOp, doc: str) -> Callable[..., Tensor]:
+    """The public function of a one-operand op: ``fn(self, *, out=None, inplace=False)``,
+    named after ``record`` and documented by ``doc`` (declare it with
+    :func:`gemsops.declare.op`)."""
+
+    def fn(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
+        return run(record, (self,), out=out, inplace=inplace)
+
+    fn.__name__ = fn.__qualname__ = record.name
+    fn.__doc__ = doc
+    return fn
+
+
+def binary_function(record: PointwiseOp, doc: str) -> Callable[..., Tensor]:
+    """The public function of a two-operand op: ``fn(self, other, *, out=None,
+    inplace=False)``, ``other`` a tensor or a Python scalar."""
+
+    def fn(self: Tensor, other: Tensor | Number, *, out: Tensor | None = None,
+           inplace: bool = False) -> Tensor:
+        return run(record, (self, other), out=out, inplace=inplace)
+
+    fn.__name__ = fn.__qualname__ = record.name
+    fn.__doc__ = doc
+    return fn
