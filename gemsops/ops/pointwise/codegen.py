@@ -421,6 +421,24 @@ def _geometry(shape: tuple[int, ...], views: tuple[tuple[tuple[int, ...], tuple[
                       *operand_strides[2]), consts)
 
 
+_KEYWORDS: dict[tuple[int, int], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
+
+
+def _keywords(meta: dict[str, Any], consts: dict[str, Any]) -> dict[str, Any]:
+    """``{**meta, **consts}``, the same dict object again for the same two (kept) dicts:
+    the launcher recognises keyword dicts by identity, so a fresh one per call would be
+    frozen and hashed again on every launch."""
+    key = (id(meta), id(consts))
+    hit = _KEYWORDS.get(key)
+    if hit is not None and hit[0] is meta and hit[1] is consts:
+        return hit[2]
+    merged = {**meta, **consts}
+    if len(_KEYWORDS) >= 1024:
+        _KEYWORDS.clear()
+    _KEYWORDS[key] = (meta, consts, merged)
+    return merged
+
+
 def launch_strided(out: Tensor, args: Sequence[Any], kinds: Sequence[int],
                    shape: tuple[int, ...], meta: dict[str, Any]) -> None:
     """Compute into ``out`` (of ``shape``, any layout) from broadcast, strided operands."""
@@ -440,7 +458,7 @@ def launch_strided(out: Tensor, args: Sequence[Any], kinds: Sequence[int],
     with gemshal.device_guard(out):
         _tiled_kernel.launch(grid, (out, args[0], args[1], args[2], rows, cols,
                                     (rows * cols).bit_length(), *geo.sizes, *geo.strides),
-                             {**meta, **geo.consts})
+                             _keywords(meta, geo.consts))
 
 
 def _launch_materialized(out: Tensor, args: Sequence[Any], kinds: Sequence[int],
