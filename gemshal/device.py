@@ -346,6 +346,9 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device=current_device().torch_device)
 
 
+_ALLOCATOR: Any = None  # Triton's allocator context variable, found on first use
+
+
 def ensure_scratch_allocator() -> None:
     """Let Triton allocate the global scratch memory some kernels need at launch.
 
@@ -355,11 +358,17 @@ def ensure_scratch_allocator() -> None:
     unless an allocator is already installed in this context (a user's is kept). Cheap
     enough to call before every such launch, which covers new threads too.
     """
-    from triton.runtime import _allocation
+    global _ALLOCATOR
+    var = _ALLOCATOR
+    if var is None:
+        from triton.runtime import _allocation
 
-    var = getattr(_allocation, "_allocator", None)
-    null = getattr(_allocation, "NullAllocator", None)
-    if var is not None and null is not None and not isinstance(var.get(), null):
+        var = _ALLOCATOR = (
+            getattr(_allocation, "_allocator", None),
+            getattr(_allocation, "NullAllocator", None),
+        )
+    current, null = var
+    if current is not None and null is not None and not isinstance(current.get(), null):
         return
     import triton
 

@@ -183,3 +183,28 @@ def test_guard_with_a_single_device_switches_nothing() -> None:
         assert mod.switches == []
         with pytest.raises(DeviceGuardError, match=r"valid indices are 0\.\.0"):
             gemshal.device_guard(1)
+
+
+def test_scratch_allocator_is_installed_once_and_keeps_a_users() -> None:
+    """ensure_scratch_allocator installs gemshal's allocator where Triton has none (it
+    hands out device memory of the asked size) and leaves a user's allocator in place."""
+    import contextvars
+
+    import triton
+    from triton.runtime import _allocation
+
+    def fresh() -> None:
+        _allocation._allocator.set(_allocation.NullAllocator())
+        gemshal.ensure_scratch_allocator()
+        installed = _allocation._allocator.get()
+        buf = installed(256, 128, None)
+        assert buf.numel() == 256 and buf.device == gemshal.current_device().torch_device
+
+        def mine(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+            return torch.empty(size, dtype=torch.int8)
+
+        triton.set_allocator(mine)
+        gemshal.ensure_scratch_allocator()
+        assert _allocation._allocator.get() is mine
+
+    contextvars.copy_context().run(fresh)

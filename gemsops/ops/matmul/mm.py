@@ -256,7 +256,7 @@ def launch_product(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: 
     decode = batch == 1 and M <= 16
     if split == 1 and not decode and persistent.eligible(a, b, c, device):
         # Hopper and later: the persistent tensor-descriptor kernel.
-        persistent.launch(a, b, c, bias, alpha, beta)
+        persistent.launch(a, b, c, bias, alpha, beta, device)
         return
     mm, reduce = _consts(dtype, bias is not None, _precision(dtype), split)
     with gemshal.device_guard(a):

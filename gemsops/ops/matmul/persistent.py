@@ -227,10 +227,12 @@ _CONSTS: dict[tuple[Any, ...], dict[str, Any]] = {}
 Grid = Callable[[dict[str, Any]], tuple[int]]
 
 
-def plan(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
-         beta: float) -> tuple[Grid, tuple[Any, ...], dict[str, Any]]:
+def plan(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, beta: float,
+         device: gemshal.Device | None = None) -> tuple[Grid, tuple[Any, ...], dict[str, Any]]:
     """The grid, positional arguments and constant keywords of one persistent launch
-    (what :func:`launch` passes the kernel; a tuning sweep adds a config to them)."""
+    (what :func:`launch` passes the kernel; a tuning sweep adds a config to them).
+    ``device``: ``a``'s device record, when the caller has it."""
+    device = device or gemshal.device_of(a)
     if a.dim() == 3 and a.shape[0] == 1:
         a, b, c = a[0], b[0], c[0]
         bias = None if bias is None else bias[0]
@@ -242,14 +244,14 @@ def plan(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
     b_t, b_s = _layout(b) or (False, 0)
     s = bias if bias is not None else c
     ss = s.stride() if s.dim() == 3 else (0, *s.stride())
-    upcast = a.dtype == torch.bfloat16 and gemshal.device_of(a).interpreter
+    upcast = a.dtype == torch.bfloat16 and device.interpreter
     key = (a_t, b_t, batched, bias is not None, alpha != 1.0, upcast)
     consts = _CONSTS.get(key)
     if consts is None:
         consts = _CONSTS[key] = {"A_T": a_t, "B_T": b_t, "BATCHED": batched,
                                  "HAS_BIAS": bias is not None, "SCALE": alpha != 1.0,
                                  "UPCAST": upcast}
-    sms = gemshal.device_of(a).multiprocessor_count
+    sms = device.multiprocessor_count
 
     def grid(meta: dict[str, Any]) -> tuple[int]:
         tiles = batch * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"])
@@ -263,14 +265,14 @@ def plan(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
     return grid, args, consts
 
 
-def launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float,
-           beta: float) -> None:
+def launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, beta: float,
+           device: gemshal.Device | None = None) -> None:
     """``c[i] = alpha * a[i] @ b[i] (+ beta * bias[i])`` with the persistent kernel.
 
     2-D or 3-D operands (a batch stride of 0 shares one matrix); the caller checked
     :func:`eligible` and the shapes, and ``bias`` is already broadcast to ``c``'s shape.
     """
-    grid, args, consts = plan(a, b, c, bias, alpha, beta)
+    grid, args, consts = plan(a, b, c, bias, alpha, beta, device)
     with gemshal.device_guard(a):
         gemshal.ensure_scratch_allocator()
         _mm_persistent_kernel.launch(grid, args, consts)
