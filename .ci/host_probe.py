@@ -27,10 +27,15 @@ import torch.nn.functional as F
 import gemshal
 from gemsops import registry
 
+from gemshal import tune
+
 try:
-    from gemshal import launch, tune
-except ImportError:  # a tree from before gemshal.launch
-    launch = None
+    from gemshal.kernel import launcher as launch
+except ImportError:  # a tree from before gemshal.kernel
+    try:
+        from gemshal import launch
+    except ImportError:  # a tree from before gemshal.launch
+        launch = None
 
 dev = gemshal.current_device().torch_device
 sync = gemshal.device_module().synchronize

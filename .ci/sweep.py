@@ -9,15 +9,17 @@ config, and record its per-config medians. Run with the candidates as the user t
 writes OUT_DIR/sweep.json and prints the best six configs per kernel and case.
 """
 import json
+import os
 import sys
 import time
 
 import torch
 import triton
 
-from gemshal import autotune as at
+from gemshal.kernel import decorator as at
 from gemsops import bench, registry
 
+os.environ.setdefault("GEMS_AUTOTUNE", "all")  # benchmark every bucket, tables or not
 out = sys.argv[1]
 dev = torch.device("cuda")
 skip = ("add", "mul", "gelu", "silu", "exp", "cumsum", "softmax", "log_softmax", "cross_entropy")
@@ -30,15 +32,15 @@ for case in bench.cases(tiny=False):
     fn = case.make(dev)
     torch_ms = triton.testing.do_bench(fn)
     for k in list(at._KERNELS):
-        if k._plan is not None and k._plan.tuner is not None:
-            k._plan.tuner.configs_timings = None
+        if k._state.tuner is not None:
+            k._state.tuner.configs_timings = None
     with registry.use_gems():
         fn()
         torch.cuda.synchronize()
         gems_ms = triton.testing.do_bench(fn)
     rec = {"case": case.label, "torch_ms": torch_ms, "gems_ms": gems_ms, "kernels": {}}
     for k in list(at._KERNELS):
-        tuner = k._plan.tuner if k._plan is not None else None
+        tuner = k._state.tuner
         timings = getattr(tuner, "configs_timings", None) if tuner is not None else None
         if timings:
             rows = sorted(

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import attrs
 
 from gemshal import device as _device
-from gemshal import launch as _launch
 from gemshal import registry as _registry
 from gemshal.errors import GemshalError
+from gemshal.kernel import launcher as _launch
 
 __all__ = ["main"]
 

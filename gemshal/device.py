@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 import torch
 
+from gemshal._triton import allocator_state, use_interpreter
 from gemshal.detect import Detection, TraceStep, detect
 from gemshal.errors import ConfigError, DeviceGuardError, DeviceNotFoundError
-from gemshal.interpreter import use_interpreter
 from gemshal.probe import LiveFacts
 from gemshal.registry import vendor
 from gemshal.vendor import Arch, VendorInfo, unknown_features
@@ -361,12 +361,7 @@ def ensure_scratch_allocator() -> None:
     global _ALLOCATOR
     var = _ALLOCATOR
     if var is None:
-        from triton.runtime import _allocation
-
-        var = _ALLOCATOR = (
-            getattr(_allocation, "_allocator", None),
-            getattr(_allocation, "NullAllocator", None),
-        )
+        var = _ALLOCATOR = allocator_state()
     current, null = var
     if current is not None and null is not None and not isinstance(current.get(), null):
         return

@@ -37,6 +37,7 @@ __all__ = [
     "LaunchOption",
     "OpTuning",
     "Scalar",
+    "TableRow",
     "TuneConfig",
     "TuneFile",
     "TuneSource",
@@ -199,7 +200,7 @@ MAX_TILE = 1 << 20
 (``triton.language.TRITON_MAX_TENSOR_NUMEL``)."""
 
 _TOP_KEYS = ("version", "unused", "ops")
-_OP_KEYS = ("configs", "grid", "interpreter", "heuristics")
+_OP_KEYS = ("configs", "grid", "interpreter", "heuristics", "table")
 _META = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
 _LOWER = re.compile(r"^[a-z][a-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -405,6 +406,34 @@ class TuneSource:
         return {"path": str(self.path), "level": self.level, "origin": self.origin}
 
 
+_TABLE_VALUE = (bool, int, str)
+
+
+@attrs.frozen
+class TableRow:
+    """One row of an op's ``table``: the config to launch at one size bucket.
+
+    Attributes:
+        when: The kernel's key values at this bucket, as sorted ``(name, value)``
+            pairs: integers are bucket sizes (powers of two, the key value rounded up),
+            other values (flags) as the kernel is called with them.
+        dtype: The first tensor argument's dtype (``"bfloat16"``), or None for any.
+        config: The config launched there.
+    """
+
+    when: tuple[tuple[str, Scalar], ...] = attrs.field(converter=_pairs)
+    dtype: str | None
+    config: TuneConfig
+
+    def as_dict(self) -> dict[str, object]:
+        """The row as its TOML inline table."""
+        out: dict[str, object] = dict(self.when)
+        if self.dtype is not None:
+            out["dtype"] = self.dtype
+        out["config"] = self.config.as_dict()
+        return out
+
+
 @attrs.frozen
 class OpTuning:
     """Everything the winning file says about one op.
@@ -415,6 +444,8 @@ class OpTuning:
         configs: The configs to choose from; empty for a heuristics-only entry.
         interpreter: The config pinned under the Triton interpreter, if given.
         heuristics: Rules computing meta-parameters at launch, in file order.
+        table: The config chosen at each size bucket a tuning run measured
+            (``gemsops tune`` writes them); launched without benchmarking.
     """
 
     op: str = attrs.field(validator=attrs.validators.min_len(1))
@@ -422,6 +453,7 @@ class OpTuning:
     configs: tuple[TuneConfig, ...] = ()
     interpreter: TuneConfig | None = None
     heuristics: tuple[HeuristicRule, ...] = ()
+    table: tuple[TableRow, ...] = ()
 
     @property
     def location(self) -> str:
@@ -442,6 +474,8 @@ class OpTuning:
             out["interpreter"] = self.interpreter.as_dict()
         if self.heuristics:
             out["heuristics"] = {r.name: r.as_data() for r in self.heuristics}
+        if self.table:
+            out["table"] = [row.as_dict() for row in self.table]
         return out
 
 
@@ -567,6 +601,40 @@ def _grid(where: str, value: object, extra: _Keys) -> tuple[TuneConfig, ...]:
     )
 
 
+def _table(where: str, value: object, extra: _Keys) -> tuple[TableRow, ...]:
+    here = f"{where} key 'table'"
+    if not isinstance(value, list):
+        _fail(here, f"must be an array of tables; got {_type_name(value)} {_show(value)}")
+    rows: list[TableRow] = []
+    seen: dict[tuple[object, ...], int] = {}
+    for i, item in enumerate(value):
+        at = f"{here} row {i}"
+        if not isinstance(item, dict):
+            _fail(at, f"must be a table; got {_type_name(item)} {_show(item)}")
+        if "config" not in item:
+            _fail(at, "needs 'config' (the config launched at this bucket)")
+        config = _config(f"{at} config", item["config"], extra)
+        dtype = item.get("dtype")
+        if dtype is not None and (not isinstance(dtype, str) or not dtype):
+            _fail(at, f"'dtype' must be a dtype name such as 'bfloat16'; got {_show(dtype)}")
+        when: dict[str, Scalar] = {}
+        for key, v in item.items():
+            if key in ("config", "dtype"):
+                continue
+            if type(v) not in _TABLE_VALUE:
+                _fail(at, f"key {key!r} must be an integer, boolean or string; got {_show(v)}")
+            when[key] = v
+        if not when:
+            _fail(at, "names no key value (for example M = 8192, N = 2048)")
+        row = TableRow(when, dtype, config)
+        identity = (row.when, row.dtype)
+        first = seen.setdefault(identity, i)
+        if first != i:
+            _fail(here, f"row {i} repeats the bucket of row {first}")
+        rows.append(row)
+    return tuple(rows)
+
+
 def _location(source: TuneSource, op: str) -> str:
     return f"{source.path}: [ops.{op}]" if _NAME.match(op) else f'{source.path}: [ops."{op}"]'
 
@@ -593,6 +661,9 @@ def _op(source: TuneSource, op: str, table: object, extra: _Keys) -> OpTuning:
     if "interpreter" in table:
         pinned = _config(f"{where} key 'interpreter'", table["interpreter"], extra)
     rules = parse_rules(where, table["heuristics"]) if "heuristics" in table else ()
+    if "table" in table and not configs:
+        _fail(where, "key 'table' needs 'configs' or 'grid' beside it")
+    rows = _table(where, table["table"], extra) if "table" in table else ()
     for rule in rules:
         # A constant rule is a value like a config's; computed ones are checked by the kernel.
         if isinstance(rule.expr, str | Call):
@@ -607,7 +678,7 @@ def _op(source: TuneSource, op: str, table: object, extra: _Keys) -> OpTuning:
             problem = None
         if problem:
             _fail(f"{where} heuristics", problem)
-    return OpTuning(op, source, configs, pinned, rules)
+    return OpTuning(op, source, configs, pinned, rules, rows)
 
 
 def parse(

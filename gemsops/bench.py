@@ -31,7 +31,7 @@ import torch
 from torch.nn import functional as F
 
 import gemshal
-from gemshal.autotune import tuned
+from gemshal.kernel import tuned
 from gemsops import registry
 
 __all__ = ["BenchCase", "add_parser", "cases", "flag_gems", "main", "sides_of"]
@@ -622,6 +622,19 @@ def add_parser(sub: Any) -> None:
         metavar="PATH",
         help="print the table (and with --plot, draw the plot) of a saved run; time nothing",
     )
+    p.add_argument(
+        "--host",
+        action="store_true",
+        help="only host time per served op beside torch's (without a GPU: the launch stubbed)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --host: a cProfile of each case's gemsops side (where the microseconds go)",
+    )
+    p.add_argument(
+        "--calls", type=int, default=500, help="with --host: calls per timing (default 500)"
+    )
     p.set_defaults(run=main)
 
 
@@ -731,6 +744,14 @@ def _save(result: dict[str, Any], path: str | None) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark and print the table; write JSON and a plot when asked."""
+    if args.host:
+        from gemsops import bench_host
+
+        if args.calls < 1:
+            raise SystemExit(f"gemsops bench: --calls must be at least 1; got {args.calls}")
+        host = bench_host.measure_host(calls=args.calls, profile=args.profile, match=args.match)
+        bench_host.report(host, args.json)
+        return 0
     result = _read_json(args.from_json) if args.from_json else measure(args)
     _report(result)
     if args.plot and not _plot(result["rows"], args.plot, _model_lines(result)):

@@ -45,6 +45,7 @@ __all__ = [
     "graph_skip_reason",
     "measure_model",
     "model_lines",
+    "run_once",
 ]
 
 
@@ -174,6 +175,19 @@ def _timing(ms: dict[str, float]) -> dict[str, float]:
     out = {f"{side}_ms": t for side, t in ms.items()}
     out.update({f"{side}_over_torch": t / ms["torch"] for side, t in ms.items() if side != "torch"})
     return out
+
+
+def run_once(cfg: ModelConfig) -> float:
+    """One training step of the model case on the current side (``gemsops tune`` runs it
+    under ``use_gems()``); its loss."""
+    dev = gemshal.current_device().torch_device
+    torch.manual_seed(0)
+    model = Llama(cfg).to(device=dev, dtype=cfg.dtype)
+    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq), device=dev)
+    targets = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq), device=dev)
+    loss: torch.Tensor = model(tokens, targets)
+    loss.backward()  # type: ignore[no-untyped-call]
+    return float(loss.detach())
 
 
 def measure_model(cfg: ModelConfig) -> dict[str, Any]:

@@ -86,10 +86,11 @@ def _parser() -> argparse.ArgumentParser:
         help="each overload with the implementation serving it (module.function [vendor])",
     )
     ops.set_defaults(run=_ops)
-    from gemsops import bench, selftest
+    from gemsops import bench, selftest, tune_run
 
     bench.add_parser(sub)
     selftest.add_parser(sub)
+    tune_run.add_parser(sub)
     return parser
 
 

@@ -32,7 +32,7 @@ from hypothesis.errors import NoSuchExample
 from torch.nn import functional as F
 
 import gemshal
-from gemshal.autotune import AUTOTUNE_ENV
+from gemshal.kernel import AUTOTUNE_ENV
 from gemsops import registry
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import FLOAT_DTYPES, broadcast_pair, dims_for, tensors

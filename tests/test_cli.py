@@ -12,7 +12,7 @@ import pytest
 
 import gemshal
 from gemshal.cli import main
-from gemshal.launch import launch_path
+from gemshal.kernel.launcher import launch_path
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gemshal
-from gemshal import launch
-from gemshal.launch import CONST, NO_DEFAULT, NOSPEC, SPEC, Launcher, ParamSpec
+from gemshal.kernel import launcher as launch
+from gemshal.kernel.launcher import CONST, NO_DEFAULT, NOSPEC, SPEC, Launcher, ParamSpec
 
 
 def _triton_spec(value: Any, specialize: bool) -> tuple[Any, ...]:

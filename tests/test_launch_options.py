@@ -16,9 +16,9 @@ from fake_kernels import FakeJit
 from strategies_tune import fresh_tune
 
 import gemshal
-from gemshal import autotune as at
 from gemshal import tune
 from gemshal.errors import ConfigError
+from gemshal.kernel import kernel
 from gemshal.tune_format import LAUNCH_KEYS, LAUNCH_OPTIONS, TuneSource, loads
 from gemshal.vendor import VendorInfo
 
@@ -213,7 +213,7 @@ def test_single_config_launch_carries_the_options(amd_dir: Path) -> None:
         "[ops.k]\nconfigs = [{ BLOCK = 128, num_warps = 8, waves_per_eu = 2, kpack = 2 }]\n"
     )
     fake = FakeJit()
-    at.autotune("k", key=["n"])(fake)[(1,)](torch.empty(4), 4)
+    kernel("k", key=["n"])(fake)[(1,)](torch.empty(4), 4)
     (launch,) = fake.launches
     assert launch["waves_per_eu"] == 2 and launch["kpack"] == 2 and launch["num_warps"] == 8
 
@@ -226,6 +226,7 @@ def test_autotuner_launches_carry_each_configs_options(
     (amd_dir / "amd.toml").write_text(
         "[ops.k.grid]\nBLOCK = [64, 128]\nwaves_per_eu = [1, 2]\nmatrix_instr_nonkdim = [16]\n"
     )
+    monkeypatch.setenv("GEMS_AUTOTUNE", "all")
     fake = FakeJit()
 
     def do_bench(kernel_call: Any, quantiles: Any) -> list[float]:
@@ -242,22 +243,22 @@ def test_autotuner_launches_carry_each_configs_options(
         return real(*args, **kwargs, do_bench=do_bench)
 
     monkeypatch.setattr(triton, "autotune", spy)
-    kernel = at.autotune("k", key=["n"])(fake)
-    kernel[(1,)](torch.empty(4), 4)
+    k = kernel("k", key=["n"])(fake)
+    k[(1,)](torch.empty(4), 4)
     tried = {(launch["BLOCK"], launch["waves_per_eu"]) for launch in fake.launches}
     assert tried == {(64, 1), (64, 2), (128, 1), (128, 2)}
     assert all(launch["matrix_instr_nonkdim"] == 16 for launch in fake.launches)
     fake.launches.clear()
-    kernel[(1,)](torch.empty(4), 4)
+    k[(1,)](torch.empty(4), 4)
     assert [(x["BLOCK"], x["waves_per_eu"]) for x in fake.launches] == [(64, 1)]
 
 
 def test_first_config_launch_without_tuning_carries_the_options(
     amd_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """GEMS_AUTOTUNE=0: the first config is launched, its options with it."""
+    """GEMS_AUTOTUNE=0 and no table: the first config is launched, its options with it."""
     (amd_dir / "amd.toml").write_text("[ops.k.grid]\nBLOCK = [256, 64]\nwaves_per_eu = [3]\n")
     monkeypatch.setenv("GEMS_AUTOTUNE", "0")
     fake = FakeJit()
-    at.autotune("k", key=["n"])(fake)[(1,)](torch.empty(4), 4)
+    kernel("k", key=["n"])(fake)[(1,)](torch.empty(4), 4)
     assert [(x["BLOCK"], x["waves_per_eu"]) for x in fake.launches] == [(256, 3)]

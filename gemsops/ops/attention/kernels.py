@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 
 __all__ = ["attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel", "attention_bwd_pre_kernel",
            "attention_fwd_kernel"]
@@ -26,7 +26,7 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
 
-@autotune("attention_fwd", key=["Lq", "Lk", "D"])
+@kernel("attention_fwd", key=["Lq", "Lk", "D"])
 @triton.jit
 def attention_fwd_kernel(
     Q, K, V,  # [B, H, Lq, D], [B, H // GROUP, Lk, D] (any strides)
@@ -111,7 +111,7 @@ def attention_fwd_kernel(
     tl.store(LSE + b * slb + h * slh + rows * slm, lse, mask=mask_m)
 
 
-@autotune("attention_bwd_pre", key=["Lq", "D"])
+@kernel("attention_bwd_pre", key=["Lq", "D"])
 @triton.jit
 def attention_bwd_pre_kernel(
     O, DO,  # [B, H, Lq, D]
@@ -136,7 +136,7 @@ def attention_bwd_pre_kernel(
     tl.store(Delta + pid_bh.to(tl.int64) * Lq + rows, tl.sum(o * do, 1), mask=mask)
 
 
-@autotune("attention_bwd_dkdv", key=["Lq", "Lk", "D"])
+@kernel("attention_bwd_dkdv", key=["Lq", "Lk", "D"])
 @triton.jit
 def attention_bwd_dkdv_kernel(
     Q, K, V, Bias, DO,
@@ -233,7 +233,7 @@ def attention_bwd_dkdv_kernel(
              dv.to(DV.dtype.element_ty), mask=mask_n[:, None])
 
 
-@autotune("attention_bwd_dq", key=["Lq", "Lk", "D"])
+@kernel("attention_bwd_dq", key=["Lq", "Lk", "D"])
 @triton.jit
 def attention_bwd_dq_kernel(
     Q, K, V, Bias, DO, LSE, Delta,

@@ -21,7 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 import gemshal
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, check_supported
 from gemsops.ops.grid import cdiv
@@ -44,7 +44,7 @@ GATHER, STORE, ADD = 0, 1, 2
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-@autotune("index_strided", key=["n"])
+@kernel("index_strided", key=["n"])
 @triton.jit
 def _index_kernel(
     Idx,  # the index, read through si*

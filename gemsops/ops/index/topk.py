@@ -21,7 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 import gemshal
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, check_supported
@@ -43,7 +43,7 @@ _INF = {torch.float16: 0x7C00, torch.bfloat16: 0x7F80, torch.float32: 0x7F800000
 _BIG = tl.constexpr(2**62)  # above every index
 
 
-@autotune("topk", key=["L"])
+@kernel("topk", key=["L"])
 @triton.jit
 def _topk_kernel(
     X,  # values: row r = (o, i) at o * sx_o + i * sx_i, element n at + n * sx_n

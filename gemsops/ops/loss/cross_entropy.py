@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 import gemshal
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import acc_dtype, tl_acc
@@ -61,7 +61,7 @@ def _target_mix(T, W, r64, c, mask, C, stride_tn, stride_tc, smoothing,
     return q
 
 
-@autotune("cross_entropy", key=["C"])
+@kernel("cross_entropy", key=["C"])
 @triton.jit
 def _ce_fwd_kernel(
     X, T, W,  # logits [N, C] (any strides), targets ([N] classes or [N, C] probabilities), weight
@@ -123,7 +123,7 @@ def _ce_fwd_kernel(
     tl.store(Mass + rows, mass, mask=row_ok)
 
 
-@autotune("cross_entropy_backward", key=["C"])
+@kernel("cross_entropy_backward", key=["C"])
 @triton.jit
 def _ce_bwd_kernel(
     X, T, W, LSE, Mass, G, Denom, GI,  # GI: [N, C] contiguous gradient of the logits

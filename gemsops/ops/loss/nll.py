@@ -18,7 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 import gemshal
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import acc_dtype, tl_acc
@@ -35,7 +35,7 @@ from gemsops.ops.loss.reduction import reduce_rows, reduction_code
 __all__ = ["nll_loss", "nll_loss_backward", "nll_loss_forward"]
 
 
-@autotune("nll_loss", key=["N"])
+@kernel("nll_loss", key=["N"])
 @triton.jit
 def _nll_rows_kernel(X, T, W, Loss, RowW, TotalW, N, C, stride_xn, stride_xc, stride_t,
                      ignore_index, ZERO_TOTAL: tl.constexpr, HAS_W: tl.constexpr,
@@ -52,7 +52,7 @@ def _nll_rows_kernel(X, T, W, Loss, RowW, TotalW, N, C, stride_xn, stride_xc, st
     tl.store(RowW + rows, w.to(RowW.dtype.element_ty), mask=row_ok)
 
 
-@autotune("nll_loss_backward", key=["C"])
+@kernel("nll_loss_backward", key=["C"])
 @triton.jit
 def _nll_bwd_kernel(G, T, W, TotalW, GI, N, C, stride_g, stride_t, ignore_index,
                     MEAN: tl.constexpr, HAS_W: tl.constexpr, ACC: tl.constexpr,

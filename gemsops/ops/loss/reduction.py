@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.errors import Unsupported
 
 __all__ = ["REDUCTIONS", "reduce_rows", "reduction_code"]
@@ -21,7 +21,7 @@ REDUCTIONS: dict[str, int] = {"none": 0, "mean": 1, "sum": 2}
 """``F.nll_loss``'s reduction names -> aten's codes (``at::Reduction``)."""
 
 
-@autotune("loss_reduce", key=["N"])
+@kernel("loss_reduce", key=["N"])
 @triton.jit
 def _reduce_kernel(Loss, RowW, Out, Denom, N, MEAN: tl.constexpr, PER_ROW: tl.constexpr,
                    ACC: tl.constexpr, BLOCK: tl.constexpr):

@@ -23,7 +23,7 @@ import triton.language as tl
 from torch import Tensor
 
 import gemshal
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, check_supported, tl_acc
@@ -39,7 +39,7 @@ __all__ = ["addmm", "bmm", "launch_product", "mm"]
 # The operands' layouts are part of the key (a stride of 1 and a long stride fall in
 # different size buckets): a linear layer's weight.t() and a row-major weight of the same
 # shape want different tiles, and the split and the epilogue change the work per tile.
-@autotune("mm", key=["M", "N", "K", "stride_ak", "stride_bk", "SPLIT_K", "HAS_BIAS"])
+@kernel("mm", key=["M", "N", "K", "stride_ak", "stride_bk", "SPLIT_K", "HAS_BIAS"])
 @triton.jit
 def _mm_kernel(
     A,  # [batch, M, K] operand, any strides
@@ -116,7 +116,7 @@ def _mm_kernel(
         tl.store(c_ptrs + rn[None, :] * stride_cn, acc, mask=mask)
 
 
-@autotune("mm_splitk_reduce", key=["M", "N"])
+@kernel("mm_splitk_reduce", key=["M", "N"])
 @triton.jit
 def _splitk_reduce_kernel(
     W,  # [SPLIT_K, M, N] fp32 partial products, contiguous

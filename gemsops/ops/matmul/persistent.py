@@ -27,7 +27,7 @@ import triton.language as tl
 from torch import Tensor
 
 import gemshal
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.ops.grid import cdiv
 
 __all__ = ["eligible", "grouped_tile", "launch", "plan"]
@@ -85,7 +85,7 @@ def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 # Each operand layout and epilogue is its own tuning problem: a config that fits shared
 # memory for one (no bias) may not for another (a bias tile too).
-@autotune("mm_persistent", key=["M", "N", "K", "A_T", "B_T", "BATCHED", "HAS_BIAS"])
+@kernel("mm_persistent", key=["M", "N", "K", "A_T", "B_T", "BATCHED", "HAS_BIAS"])
 @triton.jit
 def _mm_persistent_kernel(
     A,  # [batch, M, K]: K contiguous, or M contiguous when A_T

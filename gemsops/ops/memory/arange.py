@@ -30,7 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 import gemshal
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, TL_DTYPES, Number, check_supported
@@ -43,7 +43,7 @@ _INT64_MAX = 2**63 - 1
 
 
 # One element per lane, memory bound like the pointwise kernels: their tuning entry.
-@autotune("pointwise", key=["SIZE_CLASS"])
+@kernel("pointwise", key=["SIZE_CLASS"])
 @triton.jit(do_not_specialize=["SIZE_CLASS", "start", "step"])
 def _arange_kernel(
     Out,  # contiguous output

@@ -25,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 import gemshal
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, acc_dtype, check_supported
@@ -45,7 +45,7 @@ def _prune_rows(configs: Sequence[Any], named_args: dict[str, Any], **_: Any) ->
     return [c for c in configs if c.kwargs["BLOCK_D"] <= limit]
 
 
-@autotune("embedding", key=["D"], prune=_prune_rows)
+@kernel("embedding", key=["D"], prune=_prune_rows)
 @triton.jit
 def _embedding_kernel(
     Idx,  # [n] flattened indices
@@ -73,7 +73,7 @@ def _embedding_kernel(
         tl.store(dst + cols[None, :], vals, mask=row_ok[:, None] & col_ok)
 
 
-@autotune("embedding_zero", key=["n"])
+@kernel("embedding_zero", key=["n"])
 @triton.jit
 def _zero_kernel(P, n, BLOCK: tl.constexpr):
     # P[0:n] = 0, the accumulator's start (torch.zeros would go through an aten op that
@@ -82,7 +82,7 @@ def _zero_kernel(P, n, BLOCK: tl.constexpr):
     tl.store(P + offs, tl.zeros((BLOCK,), P.dtype.element_ty), mask=offs < n)
 
 
-@autotune("embedding_backward_count", key=["n"], reset_to_zero=["Count"])
+@kernel("embedding_backward_count", key=["n"], reset_to_zero=["Count"])
 @triton.jit
 def _count_kernel(Idx, Count, n, V, padding_idx, BLOCK: tl.constexpr):
     # Count[v] += number of positions holding index v (padding and out-of-range skipped).
@@ -92,7 +92,7 @@ def _count_kernel(Idx, Count, n, V, padding_idx, BLOCK: tl.constexpr):
     tl.atomic_add(Count + idx, tl.full((BLOCK,), 1, tl.int32), mask=ok)
 
 
-@autotune("embedding_backward", key=["D"], reset_to_zero=["Acc"])
+@kernel("embedding_backward", key=["D"], reset_to_zero=["Acc"])
 @triton.jit
 def _scatter_kernel(
     G,  # [n, D] gradient rows, contiguous
@@ -117,7 +117,7 @@ def _scatter_kernel(
     tl.atomic_add(Acc + idx[:, None] * D + cols[None, :], g.to(Acc.dtype.element_ty), mask=mask)
 
 
-@autotune("embedding_backward_finish", key=["D"])
+@kernel("embedding_backward_finish", key=["D"])
 @triton.jit
 def _finish_kernel(Acc, Count, Out, V, D, SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_D: tl.constexpr):

@@ -25,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 import gemshal
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.grid import cdiv
@@ -37,7 +37,7 @@ __all__ = ["tril", "triu"]
 
 
 # One element per lane, memory bound like the pointwise kernels: their tuning entry.
-@autotune("pointwise", key=["SIZE_CLASS"], restore_value=["Out"])
+@kernel("pointwise", key=["SIZE_CLASS"], restore_value=["Out"])
 @triton.jit(do_not_specialize=["SIZE_CLASS", "K"])
 def _triangle_kernel(
     X, Out,  # input and output (the same tensor in place)

@@ -15,13 +15,13 @@ into one row of a ``[P, N]`` partial buffer (in registers while a row fits one c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import triton
 import triton.language as tl
 
-from gemshal.autotune import autotune, heuristics
+from gemshal.kernel import kernel
 from gemsops.ops.grid import next_power_of_2
 
 __all__ = ["KERNELS", "column_sum_kernel"]
@@ -261,7 +261,7 @@ def _bwd(DY, X, W, Mean, Rstd, DX, DW, DB, M, N, stride_dy, stride_x, stride_dx,
                 tl.debug_barrier()
 
 
-@autotune("norm_column_sum", key=["P", "N"])
+@kernel("norm_column_sum", key=["P", "N"])
 @triton.jit
 def column_sum_kernel(Part, Out, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
     # Out[j] = sum over p of Part[p, j] (Part: [P, N] fp32/fp64 partials, contiguous).
@@ -274,7 +274,7 @@ def column_sum_kernel(Part, Out, P, N, BLOCK_P: tl.constexpr, BLOCK_N: tl.conste
     tl.store(Out + cols, tl.sum(acc, 0).to(Out.dtype.element_ty), mask=cols < N)
 
 
-def _one_tile(args: dict[str, Any]) -> bool:
+def _one_tile(args: Mapping[str, Any]) -> bool:
     return bool(args["N"] <= args["BLOCK_N"])
 
 
@@ -309,10 +309,10 @@ def _prune_backward(configs: Sequence[Any], named_args: dict[str, Any], **_: Any
 # has its own tuning entries (their costs differ).
 KERNELS = {
     rms: (
-        autotune(name, key=["N"], prune=_prune_forward)(
-            heuristics(name, ONE_TILE=_one_tile)(triton.jit(_fwd))),
-        autotune(f"{name}_backward", key=["N", "rows_per"], prune=_prune_backward)(
-            heuristics(f"{name}_backward", ONE_TILE=_one_tile)(triton.jit(_bwd))),
+        kernel(name, key=["N"], rules={"ONE_TILE": _one_tile}, prune=_prune_forward)(
+            triton.jit(_fwd)),
+        kernel(f"{name}_backward", key=["N", "rows_per"], rules={"ONE_TILE": _one_tile},
+               prune=_prune_backward)(triton.jit(_bwd)),
     )
     for name, rms in (("layer_norm", False), ("rms_norm", True))
 }

@@ -43,7 +43,7 @@ import triton.language as tl
 from torch import Tensor
 
 import gemshal
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 
 __all__ = ["BITS64", "LOAD", "MAX_RANK", "SINGLE", "VALUE", "launch_flat",
            "launch_flat_planned", "launch_strided", "to_half"]
@@ -166,7 +166,7 @@ def _prune_small(configs: Sequence[Any], named: dict[str, Any], **_: Any) -> lis
 
 # restore_value: where a tuning file lists several configs, benchmarking runs the kernel
 # repeatedly, and an in-place op's output is also its input.
-@autotune("pointwise", key=["SIZE_CLASS"], restore_value=["out"],
+@kernel("pointwise", key=["SIZE_CLASS"], restore_value=["out"],
           prune=_prune_small)
 @triton.jit(do_not_specialize=["SIZE_CLASS"])
 def _flat_kernel(
@@ -244,7 +244,7 @@ def _tile_operand(x, ro, cols, s0, row_ok, col_ok, mask,
     return v
 
 
-@autotune("pointwise", key=["SIZE_CLASS"], restore_value=["out"],
+@kernel("pointwise", key=["SIZE_CLASS"], restore_value=["out"],
           prune=_prune_small)
 @triton.jit(do_not_specialize=["SIZE_CLASS"])
 def _tiled_kernel(

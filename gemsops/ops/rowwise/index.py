@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.rowwise.layout import (
@@ -165,7 +165,7 @@ def _store_best(
     tl.store(IDX_OUT + out, i, mask=ok)
 
 
-@autotune("arg_reduce_rows", key=["M", "N"])
+@kernel("arg_reduce_rows", key=["M", "N"])
 @triton.jit
 def _arg_rows_kernel(
     X,  # values: x[m, n] at X + m * stride_m + n * stride_n
@@ -209,7 +209,7 @@ def _arg_rows_kernel(
     )
 
 
-@autotune("arg_reduce_mid", key=["M", "N", "K"])
+@kernel("arg_reduce_mid", key=["M", "N", "K"])
 @triton.jit
 def _arg_mid_kernel(
     X,  # values: x[m, n, k] at X + m * stride_m + n * stride_n + k

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import acc_dtype
@@ -35,7 +35,7 @@ from gemsops.ops.rowwise.tiles import chunk_tile, launch, mid_block, row_block, 
 __all__ = ["cumsum"]
 
 
-@autotune("cumsum_rows", key=["M", "N"])
+@kernel("cumsum_rows", key=["M", "N"])
 @triton.jit
 def _cumsum_rows_kernel(
     X,  # input x[m, n] at X + m * stride_m + n * stride_n
@@ -80,7 +80,7 @@ def _cumsum_rows_kernel(
         tl.store(OUT + rows64 * parts + part, tl.sum(total, 1), mask=row_ok)
 
 
-@autotune("cumsum_mid", key=["M", "N", "K"])
+@kernel("cumsum_mid", key=["M", "N", "K"])
 @triton.jit
 def _cumsum_mid_kernel(
     X,  # input x[m, n, k] at X + m * stride_m + n * stride_n + k

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gemshal.autotune import autotune, heuristics
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, tl_acc
@@ -41,8 +41,7 @@ def _online(m_i, l_i, x, AXIS: tl.constexpr):
     return new_m, l_i * tl.exp(m_i - safe) + tl.sum(p, AXIS)
 
 
-@autotune("softmax_rows", key=["M", "N"])
-@heuristics("softmax_rows")  # BLOCK_N, ONE_TILE: rules in the tune files
+@kernel("softmax_rows", key=["M", "N"])
 @triton.jit
 def _softmax_rows_kernel(
     X,  # input x[m, n] at X + m * stride_m + n * stride_n
@@ -89,8 +88,7 @@ def _softmax_rows_kernel(
             tl.store(o_row + start + cols[None, :], y, mask=mask)
 
 
-@autotune("softmax_mid", key=["M", "N", "K"])
-@heuristics("softmax_mid")  # BLOCK_N, ONE_TILE: rules in the tune files
+@kernel("softmax_mid", key=["M", "N", "K"])
 @triton.jit
 def _softmax_mid_kernel(
     X,  # input x[m, n, k] at X + m * stride_m + n * stride_n + k
@@ -137,8 +135,7 @@ def _softmax_mid_kernel(
             tl.store(o_base + n64 * K, y, mask=mask)
 
 
-@autotune("softmax_backward_rows", key=["M", "N"])
-@heuristics("softmax_backward_rows")  # BLOCK_N, ONE_TILE: rules in the tune files
+@kernel("softmax_backward_rows", key=["M", "N"])
 @triton.jit
 def _softmax_backward_rows_kernel(
     G,  # grad_output g[m, n] at G + m * stride_gm + n * stride_gn
@@ -201,8 +198,7 @@ def _softmax_backward_rows_kernel(
             tl.store(o_row + n, dx, mask=mask)
 
 
-@autotune("softmax_backward_mid", key=["M", "N", "K"])
-@heuristics("softmax_backward_mid")  # BLOCK_N, ONE_TILE: rules in the tune files
+@kernel("softmax_backward_mid", key=["M", "N", "K"])
 @triton.jit
 def _softmax_backward_mid_kernel(
     G,  # grad_output g[m, n, k] at G + m * stride_gm + n * stride_gn + k

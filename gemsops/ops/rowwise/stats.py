@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import acc_dtype, tl_dtype
@@ -196,7 +196,7 @@ def _store(MEAN_OUT, VAR_OUT, SHIFT, out, line, ok, part, n, mean, m2, shift, DO
     tl.store(VAR_OUT + out, m2, mask=ok)
 
 
-@autotune("var_mean_rows", key=["M", "N"])
+@kernel("var_mean_rows", key=["M", "N"])
 @triton.jit
 def _var_mean_rows_kernel(
     X,  # values x[m, n] at X + m * stride_m + n * stride_n (partial means when PARTIAL)
@@ -229,7 +229,7 @@ def _var_mean_rows_kernel(
            n, mean, m2, shift, DOF, ACC, PARTIAL, FINAL)
 
 
-@autotune("var_mean_mid", key=["M", "N", "K"])
+@kernel("var_mean_mid", key=["M", "N", "K"])
 @triton.jit
 def _var_mean_mid_kernel(
     X,  # values x[m, n, k] at X + m * stride_m + n * stride_n + k (partial means if PARTIAL)

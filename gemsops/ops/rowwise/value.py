@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 from gemsops.ops.dtypes import acc_dtype
 from gemsops.ops.rowwise.layout import (
     Layout,
@@ -98,7 +98,7 @@ def _fold_axis(acc, AXIS: tl.constexpr, OP: tl.constexpr):
     return r
 
 
-@autotune("reduce_rows", key=["M", "N"])
+@kernel("reduce_rows", key=["M", "N"])
 @triton.jit
 def _reduce_rows_kernel(
     X,  # input: x[m, n] at X + m * stride_m + n * stride_n
@@ -133,7 +133,7 @@ def _reduce_rows_kernel(
     tl.store(OUT + rows.to(tl.int64) * parts + part, res, mask=row_ok)
 
 
-@autotune("reduce_mid", key=["M", "N", "K"])
+@kernel("reduce_mid", key=["M", "N", "K"])
 @triton.jit
 def _reduce_mid_kernel(
     X,  # input: x[m, n, k] at X + m * stride_m + n * stride_n + k

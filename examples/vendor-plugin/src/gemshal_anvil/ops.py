@@ -15,14 +15,14 @@ import triton
 import triton.language as tl
 
 import gemsops
-from gemshal.autotune import autotune
+from gemshal.kernel import kernel
 
 __all__ = ["neg"]
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-@autotune("anvil_neg", key=["n"])  # configs: [ops.anvil_neg] in tune/anvil.toml
+@kernel("anvil_neg", key=["n"])  # configs: [ops.anvil_neg] in tune/anvil.toml
 @triton.jit
 def _neg_kernel(x_ptr, out_ptr, n, BLOCK_SIZE: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)

@@ -1,4 +1,4 @@
-"""The lean launch path: specialize a kernel once per cheap key, then launch it directly.
+"""The direct launcher: specialize a kernel once per cheap key, then launch it directly.
 
 ``JITFunction.run`` spends most of a tiny op's host time on work whose answer does not
 change between calls: binding arguments, specializing each one, building a cache-key
@@ -41,14 +41,17 @@ is taken only when all of these hold, and ``JITFunction.run`` serves the call ot
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 import torch
 
+from gemshal import _triton
+from gemshal._triton import CHECKED_TRITON
 from gemshal.errors import ConfigError
 
 __all__ = [
@@ -61,10 +64,9 @@ __all__ = [
     "launcher_for",
     "reset",
     "stats",
+    "stub_launches",
+    "stubbed",
 ]
-
-CHECKED_TRITON = ("3.6",)
-"""Triton minor versions whose launch ABI the direct path was read and checked on."""
 
 LAUNCH_ENV = "GEMS_LAUNCH"
 
@@ -119,45 +121,9 @@ def _env_choice() -> str:
     )
 
 
-class _Triton:
-    """Triton's private names the direct path uses, looked up once."""
-
-    def __init__(self) -> None:
-        import triton
-        from triton import knobs
-        from triton.runtime.driver import driver
-
-        self.version = triton.__version__
-        self.knobs = knobs
-        self.runtime = knobs.runtime
-        active = driver.active
-        self.get_device: Callable[[], int] = active.get_current_device
-        self.get_stream: Callable[[int], int] = active.get_current_stream
-        hook = self.runtime.launch_enter_hook
-        self.hook_chain = type(hook)
-        if not hasattr(hook, "calls"):
-            raise AttributeError("knobs.runtime.launch_enter_hook has no 'calls' list")
-
-    def quiet(self) -> bool:
-        """No launch hook installed and no runtime debug: nothing needs JITFunction.run."""
-        rt = self.runtime
-        enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
-        return (
-            type(enter) is self.hook_chain
-            and not enter.calls
-            and type(leave) is self.hook_chain
-            and not leave.calls
-            and not rt.debug
-        )
-
-
 _LOCK = threading.Lock()
 _PATH: LaunchPath | None = None
-_TRITON: _Triton | None = None
-
-
-def _minor(version: str) -> str:
-    return ".".join(version.split(".")[:2])
+_TRITON: _triton.Runtime | None = None
 
 
 def decide_path(*, choice: str, interpreter: bool, version: str) -> LaunchPath:
@@ -166,7 +132,7 @@ def decide_path(*, choice: str, interpreter: bool, version: str) -> LaunchPath:
         return LaunchPath(False, f"{LAUNCH_ENV}=jit")
     if interpreter:
         return LaunchPath(False, "kernels run on the Triton interpreter")
-    if _minor(version) not in CHECKED_TRITON:
+    if _triton.minor_version(version) not in CHECKED_TRITON:
         return LaunchPath(
             False,
             f"triton {version}: the direct path was checked on triton "
@@ -200,7 +166,7 @@ def launch_path() -> LaunchPath:
         path = decide_path(choice=choice, interpreter=interpreter, version=triton.__version__)
         if path.direct:
             try:
-                _TRITON = _Triton()
+                _TRITON = _triton.Runtime()
             except (ImportError, AttributeError) as exc:
                 path = LaunchPath(
                     False,
@@ -545,17 +511,114 @@ class Launcher:
 _LAUNCHERS: dict[int, Launcher] = {}
 
 
+# --- stubbed launches (the host-time bench) ---------------------------------------------
+
+
+def _noop(*_args: Any) -> None:
+    return None
+
+
+class _StubKernel:
+    """Stands for a compiled kernel while launches are stubbed: its launch does nothing."""
+
+    function = 0
+    packed_metadata = None
+    run = staticmethod(_noop)
+
+
+class _StubRuntime:
+    """Device 0, stream 0, no hooks: what a stubbed launcher asks instead of a driver."""
+
+    version = "stub"
+
+    @staticmethod
+    def get_device() -> int:
+        return 0
+
+    @staticmethod
+    def get_stream(_device: int) -> int:
+        return 0
+
+    @staticmethod
+    def quiet() -> bool:
+        return True
+
+
+def _python_specs(fn: Any) -> tuple[ParamSpec, ...]:
+    # An interpreted kernel keeps no parameter records: read its Python signature
+    # (``tl.constexpr`` annotations, possibly as strings).
+    import inspect
+
+    target = getattr(fn, "fn", fn)
+    out = []
+    for p in inspect.signature(target).parameters.values():
+        const = "constexpr" in str(p.annotation)
+        default = NO_DEFAULT if p.default is inspect.Parameter.empty else p.default
+        out.append(ParamSpec(p.name, CONST if const else SPEC, default))
+    return tuple(out)
+
+
+_STUBS: dict[int, Launcher] = {}
+_STUBBED = [False]
+
+
+def _stub_launcher(fn: Any) -> Launcher:
+    launcher = _STUBS.get(id(fn))
+    if launcher is not None and launcher.jit is fn:
+        return launcher
+    specs = specs_of(fn) if hasattr(fn, "params") else _python_specs(fn)
+
+    def bind(_device: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        tail = [kwargs.get(s.name, s.default) for s in specs[len(args) :]]
+        return (*args, *tail)
+
+    compiled = _StubKernel()  # one per kernel, as Triton's cache would return
+    launcher = _STUBS[id(fn)] = Launcher(
+        fn,
+        specs=specs,
+        slow=lambda *_a, **_k: compiled,
+        bind=bind,
+        triton=_StubRuntime(),
+    )
+    return launcher
+
+
+@contextlib.contextmanager
+def stub_launches() -> Iterator[None]:
+    """Inside the block (process-wide), kernels take the direct path with a launch that
+    does nothing: the whole host path of an op runs, the device does no work and
+    results are not written. ``gemsops bench --host`` uses it on machines without an
+    accelerator; never use it where results matter. Kernels resolve their launch path
+    again on entry and on exit.
+    """
+    from gemshal import tune
+
+    before = _STUBBED[0]
+    _STUBBED[0] = True
+    tune.clear_cache()
+    try:
+        yield
+    finally:
+        _STUBBED[0] = before
+        tune.clear_cache()
+
+
+def stubbed() -> bool:
+    """Whether launches are stubbed (:func:`stub_launches`)."""
+    return _STUBBED[0]
+
+
 def launcher_for(fn: Any) -> Launcher | None:
     """The launcher of a ``@triton.jit`` function, or None when the direct path is off.
 
     None also for anything that is not a compiled-mode ``JITFunction`` (an interpreted
     function, another decorator): those are launched through their own ``run``.
     """
+    if stubbed():
+        return _stub_launcher(fn)
     if not launch_path().direct:
         return None
-    from triton.runtime.jit import JITFunction
-
-    if type(fn) is not JITFunction:
+    if not _triton.is_jit_function(fn):
         return None
     launcher = _LAUNCHERS.get(id(fn))
     if launcher is None or launcher.jit is not fn:

@@ -1,4 +1,5 @@
-"""The autotune and heuristics decorators: lazy resolution, pinning, and the fast launch path."""
+"""gemshal.kernel: one decorator per kernel, lazy resolution, pinning, the tables-first policy,
+benchmarking on request, and the rules contract."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
@@ -20,10 +21,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies_tune import fresh_tune
 
-from gemshal import autotune as at
 from gemshal import tune
 from gemshal.errors import ConfigError
-from gemshal.tune_format import TuneConfig
+from gemshal.kernel import decorator as at
+from gemshal.kernel import kernel as declare
+from gemshal.kernel import plan
+from gemshal.tune_format import TableRow, TuneConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 INTERP = tune.TuneContext(vendor="cpu", arch="x86_64", interpreter=True)
@@ -89,7 +92,7 @@ def test_interpreter_pins_interpreter_config_and_is_correct(
 ) -> None:
     """Under the interpreter a kernel whose op lists several configs pins one and is correct."""
     (tune_dir / "default.toml").write_text(ADD_FILE)
-    kernel = at.autotune("add", key=["n"])(at.heuristics("add")(kernels.add))
+    kernel = declare("add", key=["n"])(kernels.add)
     for n in (64 * 3, 1000):
         out, want, blocks = _launch(kernel, n)
         torch.testing.assert_close(out, want)
@@ -102,7 +105,7 @@ def test_interpreter_pins_first_config_without_interpreter_entry(
 ) -> None:
     """Without an ``interpreter`` entry the first listed config is pinned."""
     (tune_dir / "default.toml").write_text("[ops.add.grid]\nBLOCK = [128, 256]\nEVEN = [false]\n")
-    kernel = at.autotune("add", key=["n"])(kernels.add)
+    kernel = declare("add", key=["n"])(kernels.add)
     out, want, blocks = _launch(kernel, 300)
     torch.testing.assert_close(out, want)
     assert blocks == [128]
@@ -116,12 +119,12 @@ def test_heuristics_from_file_and_python(kernels: SimpleNamespace, tune_dir: Pat
     )
     seen: list[dict[str, Any]] = []
     python_block = lambda a: seen.append(dict(a)) or 4  # noqa: E731 - replaced by the file rule
-    kernel = at.autotune("add")(at.heuristics("add", BLOCK=python_block)(kernels.add))
-    out, want, blocks = _launch(kernel, 100)
+    k = declare("add", key=["n"], rules={"BLOCK": python_block})(kernels.add)
+    out, want, blocks = _launch(k, 100)
     torch.testing.assert_close(out, want)
     assert blocks == [128] and seen == []
-    kernel2 = at.heuristics("add", EVEN=lambda a: a["n"] % a["BLOCK"] == 0)(kernels.add)
-    out, want, blocks = _launch(at.autotune("add")(kernel2), 256)
+    k2 = declare("add", key=["n"], rules={"EVEN": lambda a: a["n"] % a["BLOCK"] == 0})(kernels.add)
+    out, want, blocks = _launch(k2, 256)
     torch.testing.assert_close(out, want)
     assert blocks == [128]
 
@@ -130,12 +133,12 @@ def test_clear_cache_makes_kernels_resolve_again(kernels: SimpleNamespace, tune_
     """After clear_cache() the next launch reads the files again and uses the new entry."""
     path = tune_dir / "default.toml"
     path.write_text("[ops.add]\nconfigs = [{ BLOCK = 64, EVEN = false }]\n")
-    kernel = at.autotune("add", key=["n"])(kernels.add)
-    assert _launch(kernel, 100)[2] == [64]
+    k = declare("add", key=["n"])(kernels.add)
+    assert _launch(k, 100)[2] == [64]
     path.write_text("[ops.add]\nconfigs = [{ BLOCK = 32, EVEN = false }]\n")
-    assert _launch(kernel, 100)[2] == [64]
+    assert _launch(k, 100)[2] == [64]
     tune.clear_cache()
-    assert _launch(kernel, 100)[2] == [32]
+    assert _launch(k, 100)[2] == [32]
 
 
 def test_nothing_read_at_decoration(
@@ -148,7 +151,7 @@ def test_nothing_read_at_decoration(
     contexts: list[int] = []
     monkeypatch.setattr(tune, "current_context", lambda: contexts.append(1) or INTERP)
     (tune_dir / "default.toml").write_text(ADD_FILE)
-    kernel = at.autotune("add", key=["n"])(at.heuristics("add")(kernels.add))
+    kernel = declare("add", key=["n"])(kernels.add)
     assert reads == [] and contexts == []
     _launch(kernel, 128)
     assert len(reads) == 3
@@ -157,7 +160,7 @@ def test_nothing_read_at_decoration(
 
 
 def test_nothing_read_at_import(tmp_path: Path) -> None:
-    """Importing gemshal.tune and gemshal.autotune and decorating a kernel opens no tuning file."""
+    """Importing gemshal.tune and gemshal.kernel and decorating a kernel opens no tuning file."""
     (tmp_path / "default.toml").write_text("[ops.k]\nconfigs = [{ BLOCK = 16 }]\n")
     script = textwrap.dedent(
         f"""
@@ -167,11 +170,11 @@ def test_nothing_read_at_import(tmp_path: Path) -> None:
             if event == "open" and str(args[0]).startswith({str(tmp_path)!r}):
                 opened.append(str(args[0]))
         sys.addaudithook(hook)
-        import gemshal.tune as tune, gemshal.autotune as at
+        import gemshal.tune as tune, gemshal.kernel as gk
         import triton, triton.language as tl
         tune.add_tune_dir({str(tmp_path)!r}, origin="t")
 
-        @at.autotune("k", key=["n"])
+        @gk.kernel("k", key=["n"])
         @triton.jit
         def k(x, n, BLOCK: tl.constexpr):
             pass
@@ -204,116 +207,184 @@ def test_single_config_launches_directly(gpu_dir: Path, monkeypatch: pytest.Monk
     (gpu_dir / "nvidia.toml").write_text("[ops.k]\nconfigs = [{ BLOCK = 128, num_warps = 8 }]\n")
     monkeypatch.setattr(triton, "autotune", None)
     fake = FakeJit()
-    at.autotune("k", key=["n"])(fake)[(1,)](torch.empty(4), 4)
+    declare("k", key=["n"])(fake)[(1,)](torch.empty(4), 4)
     assert fake.launches == [triton.Config({"BLOCK": 128}, num_warps=8).all_kwargs()]
 
 
-def test_several_configs_tune_once_per_key_then_launch_directly(
-    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The autotuner runs at each key's first launch; later launches skip it for the best config."""
-    (gpu_dir / "nvidia.toml").write_text("[ops.k.grid]\nBLOCK = [64, 128, 256]\nnum_warps = [4]\n")
-    fake = FakeJit()
+def _benching(monkeypatch: pytest.MonkeyPatch, fake: FakeJit, best: int) -> list[int]:
+    """Make Triton's autotuner time each config by its distance from BLOCK=best; the
+    benchmarked BLOCKs are appended to the returned list."""
     benched: list[int] = []
 
     def do_bench(kernel_call: Any, quantiles: Any) -> list[float]:
         kernel_call()
         block = fake.launches[-1]["BLOCK"]
         benched.append(block)
-        return [float(abs(block - 128))] * 3
+        return [float(abs(block - best))] * 3
 
     real = triton.autotune
-    asked: dict[str, Any] = {}
 
     @functools.wraps(real)
     def spy(*args: Any, **kwargs: Any) -> Any:
-        asked.update(kwargs)
+        assert kwargs.get("cache_results") is True
+        kwargs.pop("cache_results")  # no disk cache for the stand-in
         return real(*args, **kwargs, do_bench=do_bench)
 
     monkeypatch.setattr(triton, "autotune", spy)
-    kernel = at.autotune("k", key=["n"])(fake)
+    return benched
+
+
+def test_autotune_all_benchmarks_once_per_bucket_then_launches_the_choice(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GEMS_AUTOTUNE=all: the autotuner runs at each bucket's first launch; later launches
+    in the bucket take the best config without it, and tuned() reports each bucket."""
+    (gpu_dir / "nvidia.toml").write_text("[ops.k.grid]\nBLOCK = [64, 128, 256]\nnum_warps = [4]\n")
+    monkeypatch.setenv("GEMS_AUTOTUNE", "all")
+    fake = FakeJit()
+    benched = _benching(monkeypatch, fake, 128)
+    k = declare("k", key=["n"])(fake)
     x = torch.empty(4)
-    kernel[(1,)](x, 4)
+    k[(1,)](x, 4)
     assert benched == [64, 128, 256]
-    assert asked["cache_results"] is True
-    tuner = kernel._plan.tuner  # type: ignore[union-attr]
-    tuner_runs = 0
-    real_run = tuner.run
-
-    def counting_run(*args: Any, **kwargs: Any) -> Any:
-        nonlocal tuner_runs
-        tuner_runs += 1
-        return real_run(*args, **kwargs)
-
-    tuner.run = counting_run
     fake.launches.clear()
     for _ in range(3):
-        kernel[(1,)](x, 4)
-    assert tuner_runs == 0
+        k[(1,)](x, 4)
     assert [launch["BLOCK"] for launch in fake.launches] == [128] * 3
-    kernel[(1,)](x, 8)
-    assert tuner_runs == 1 and len(benched) == 6
-    kernel[(1,)](x, n=8)
-    assert tuner_runs == 1
-    kernel[(1,)](x, 7)  # 7 shares 8's size bucket: no second benchmark
-    assert tuner_runs == 1 and len(benched) == 6
-    mine = {(r["key"], r["config"]["BLOCK"]) for r in at.tuned() if r["op"] == "k"}
-    # The kernel is named by the first function down its .fn links (the fake's own has none).
-    assert {r["kernel"] for r in at.tuned() if r["op"] == "k"} == {"<lambda>"}
-    assert {("4, torch.float32", 128), ("8, torch.float32", 128)} <= mine
-    assert not any(key.startswith("7,") for key, _ in mine)  # 7 is in 8's bucket
-    assert kernel.configs_for_current_device() == tuple(
+    assert len(benched) == 3
+    k[(1,)](x, 8)
+    assert len(benched) == 6
+    k[(1,)](x, 7)  # 7 shares 8's size bucket: no second benchmark
+    assert len(benched) == 6
+    mine = {(r["when"]["n"], r["dtype"], r["config"]["BLOCK"]) for r in at.tuned()
+            if r["op"] == "k"}
+    assert mine == {(4, "float32", 128), (8, "float32", 128)}
+    assert k.configs_for_current_device() == tuple(
         TuneConfig({"BLOCK": b}, num_warps=4) for b in (64, 128, 256)
     )
 
 
-def _triton_key(
-    arg_names: list[str], keys: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Any, ...]:
-    # Copied from triton.runtime.autotuner.Autotuner.run (Triton 3.9).
-    nargs = dict(zip(arg_names, args))  # noqa: B905 - verbatim
-    all_args = {**nargs, **kwargs}
-    _args = {k: v for (k, v) in all_args.items() if k in arg_names}
-    key = [_args[key] for key in keys if key in _args]
-    for _, arg in _args.items():
-        if hasattr(arg, "dtype"):
-            key.append(str(arg.dtype))
-    return tuple(key)
+TABLE_FILE = """
+[ops.k]
+configs = [{ BLOCK = 64, num_warps = 4 }, { BLOCK = 128, num_warps = 4 }, { BLOCK = 256 }]
+table = [
+    { n = 1024, dtype = "float32", config = { BLOCK = 256, num_warps = 8 } },
+    { n = 16, dtype = "float32", config = { BLOCK = 128, num_warps = 4 } },
+]
+"""
 
 
-DTYPES = st.sampled_from([torch.float32, torch.float16, torch.int64])
+def test_tables_launch_the_rows_config_and_benchmark_nothing(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default a bucket a table row covers launches that row's config; a bucket no row
+    covers takes the nearest row's (log scale); nothing is benchmarked."""
+    (gpu_dir / "nvidia.toml").write_text(TABLE_FILE)
+    monkeypatch.setattr(triton, "autotune", None)  # building an autotuner would fail
+    fake = FakeJit()
+    k = declare("k", key=["n"])(fake)
+    for n in (1000, 9, 2000, 200, 64):
+        k[(1,)](torch.empty(4), n)
+    got = [(launch["BLOCK"], launch["num_warps"]) for launch in fake.launches]
+    # 1000 -> 1024 (row), 9 -> 16 (row), 2000 -> 2048 (nearest: 1024), 200 -> 256 (1024 is
+    # 2 octaves away, 16 is 4), 64 -> 64 (16 is 2 octaves away, 1024 is 4)
+    assert got == [(256, 8), (128, 4), (256, 8), (256, 8), (128, 4)]
+    hows = {(c["when"]["n"], c["how"]) for c in k.choices()}
+    assert hows == {(1024, "table"), (16, "table"), (2048, "nearest"), (256, "nearest"),
+                    (64, "nearest")}
+
+
+def test_autotune_1_benchmarks_only_the_buckets_no_row_covers(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GEMS_AUTOTUNE=1: a covered bucket launches its row; an uncovered one is benchmarked."""
+    (gpu_dir / "nvidia.toml").write_text(TABLE_FILE)
+    monkeypatch.setenv("GEMS_AUTOTUNE", "1")
+    fake = FakeJit()
+    benched = _benching(monkeypatch, fake, 64)
+    k = declare("k", key=["n"])(fake)
+    k[(1,)](torch.empty(4), 1024)
+    assert benched == [] and fake.launches[-1]["BLOCK"] == 256
+    k[(1,)](torch.empty(4), 300)
+    assert sorted(benched) == [64, 128, 256]
+    fake.launches.clear()
+    k[(1,)](torch.empty(4), 300)
+    assert [launch["BLOCK"] for launch in fake.launches] == [64]
+
+
+def test_table_rows_must_name_key_arguments(gpu_dir: Path) -> None:
+    """A table row naming something other than the kernel's key is an error naming both."""
+    (gpu_dir / "nvidia.toml").write_text(
+        "[ops.k]\nconfigs = [{ BLOCK = 64 }]\ntable = [{ m = 8, config = { BLOCK = 64 } }]\n"
+    )
+    with pytest.raises(ConfigError, match=r"row 0: 'm' is not in the kernel's key; its key is n"):
+        declare("k", key=["n"])(FakeJit())[(1,)](torch.empty(4), 4)
+
+
+KEYS = st.sampled_from(["M", "N", "K"])
 
 
 @given(
-    st.lists(
-        st.one_of(st.integers(0, 3), DTYPES.map(lambda d: torch.empty(0, dtype=d))),
-        min_size=4,
-        max_size=4,
-    ),
-    st.integers(0, 4),
-    st.lists(st.sampled_from(["a", "b", "c", "d"]), unique=True),
+    st.dictionaries(KEYS, st.integers(0, 20), min_size=1),
+    st.lists(st.dictionaries(KEYS, st.integers(0, 20), min_size=1), max_size=6),
 )
-def test_fast_path_key_is_tritons_key(values: list[Any], split: int, keys: list[str]) -> None:
-    """Property: the fast-path key is Triton's autotuner key with dtype objects for their names
-    and integers rounded up to a power of two (their size bucket)."""
+def test_nearest_row_is_exact_when_one_matches_and_else_closest(
+    mine: dict[str, int], rows_exp: list[dict[str, int]]
+) -> None:
+    """Property: nearest_row returns an exact row (and says so) when one has the bucket;
+    otherwise the first row of smallest log-distance among rows naming only our keys, or
+    None when no row does."""
+    when = {k: 1 << e for k, e in mine.items()}
+    rows = [TableRow({k: 1 << e for k, e in r.items()}, None, TuneConfig({"BLOCK": 1 << i}))
+            for i, r in enumerate(rows_exp)]
+    row, exact = plan.nearest_row(rows, when, "float32")
+    usable = [(sum(abs(e - mine[k]) for k, e in r.items()), i) for i, r in enumerate(rows_exp)
+              if set(r) <= set(mine)]
+    exact_rows = [i for d, i in usable if d == 0 and set(rows_exp[i]) == set(mine)]
+    if exact_rows:
+        assert exact and row is rows[exact_rows[0]]
+    elif not usable:
+        assert row is None and not exact
+    else:
+        assert not exact and row is rows[min(usable)[1]]
 
-    class Four(FakeJit):
-        arg_names: ClassVar[list[str]] = ["a", "b", "c", "d"]
 
-    kernel = at.autotune("k", key=keys)(Four())
-    names = Four.arg_names
-    args, kwargs = tuple(values[:split]), dict(zip(names[split:], values[split:], strict=True))
-    ours = kernel._key(args, kwargs)
-    bucket = {0: 0, 1: 1, 2: 2, 3: 4}
-    assert tuple(str(p) if isinstance(p, torch.dtype) else p for p in ours) == tuple(
-        bucket[p] if isinstance(p, int) else p for p in _triton_key(names, keys, args, kwargs)
-    )
+def test_bucket_rounds_positive_ints_up_to_a_power_of_two() -> None:
+    """bucket: 1 -> 1, 3 -> 4, 1024 -> 1024, 1025 -> 2048; 0, bools and others unchanged."""
+    assert [plan.bucket(v) for v in (1, 3, 1024, 1025)] == [1, 4, 1024, 2048]
+    assert plan.bucket(0) == 0 and plan.bucket(True) is True and plan.bucket("x") == "x"
+
+
+def test_python_rules_may_read_only_key_arguments(gpu_dir: Path) -> None:
+    """A Python rule reading an argument outside the key is an error naming it (its value
+    is not part of the launch key, so a cached launch could be wrong); one reading a key
+    argument sees its exact value, not its bucket."""
+    (gpu_dir / "nvidia.toml").write_text("[ops.k]\nconfigs = [{ BLOCK = 64 }]\n")
+    k = declare("k", key=["n"], rules={"BLOCK": lambda a: a["x"].numel()})(FakeJit())
+    with pytest.raises(ConfigError, match=r"rule 'BLOCK'.*reads 'x'.*key="):
+        k[(1,)](torch.empty(4), 4)
+    fake = FakeJit()
+    k2 = declare("k", key=["n"], rules={"BLOCK": lambda a: a["n"] * 2})(fake)
+    k2[(1,)](torch.empty(4), 8)
+    k2[(1,)](torch.empty(4), 5)  # the same bucket as 8, another value
+    assert [launch["BLOCK"] for launch in fake.launches] == [16, 10]
+
+
+def test_policy_values_and_errors() -> None:
+    """GEMS_AUTOTUNE: unset and 0 mean tables, 1 uncovered buckets, all every bucket;
+    anything else is an error listing the valid values."""
+    assert plan.policy({}) == plan.policy({"GEMS_AUTOTUNE": "0"}) == "tables"
+    assert plan.policy({"GEMS_AUTOTUNE": "1"}) == "uncovered"
+    assert plan.policy({"GEMS_AUTOTUNE": "all"}) == "all"
+    with pytest.raises(ConfigError, match=r"0 or unset.*1.*all.*'yes'"):
+        plan.policy({"GEMS_AUTOTUNE": "yes"})
 
 
 def test_autotune_off_launches_first_config_without_benchmarking(
     gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """GEMS_AUTOTUNE=0: each key launches the entry's first config; nothing is benchmarked."""
+    """GEMS_AUTOTUNE=0 and no table: each bucket launches the entry's first config;
+    nothing is benchmarked."""
     (gpu_dir / "nvidia.toml").write_text("[ops.k.grid]\nBLOCK = [256, 64]\nnum_warps = [4]\n")
     monkeypatch.setenv("GEMS_AUTOTUNE", "0")
     benched: list[object] = []
@@ -321,7 +392,7 @@ def test_autotune_off_launches_first_config_without_benchmarking(
     no_bench = lambda *b, **c: benched.append(1)  # noqa: E731
     monkeypatch.setattr(triton, "autotune", lambda *a, **k: real(*a, **k, do_bench=no_bench))
     fake = FakeJit()
-    kernel = at.autotune("k", key=["n"])(fake)
+    kernel = declare("k", key=["n"])(fake)
     for n in (4, 100, 4):
         kernel[(1,)](torch.empty(4), n)
     assert benched == []
@@ -329,11 +400,11 @@ def test_autotune_off_launches_first_config_without_benchmarking(
 
 
 def test_autotune_env_rejects_other_values(gpu_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A GEMS_AUTOTUNE value other than 0 or 1 is an error naming it."""
+    """A GEMS_AUTOTUNE value other than 0, 1 or all is an error naming it."""
     (gpu_dir / "nvidia.toml").write_text("[ops.k.grid]\nBLOCK = [256, 64]\nnum_warps = [4]\n")
     monkeypatch.setenv("GEMS_AUTOTUNE", "fast")
     with pytest.raises(ConfigError, match=r"GEMS_AUTOTUNE.*'fast'"):
-        at.autotune("k", key=["n"])(FakeJit())[(1,)](torch.empty(4), 4)
+        declare("k", key=["n"])(FakeJit())[(1,)](torch.empty(4), 4)
 
 
 @pytest.mark.parametrize("value", ["2", "yes", "-1"])
@@ -351,7 +422,7 @@ def test_autotune_env_is_checked_under_the_interpreter_too(
         f"[ops.add]\n{entry}\n[ops.add.heuristics]\nEVEN = false\n"
     )
     monkeypatch.setenv("GEMS_AUTOTUNE", value)
-    kernel = at.autotune("add", key=["n"])(at.heuristics("add")(kernels.add))
+    kernel = declare("add", key=["n"])(kernels.add)
     with pytest.raises(ConfigError, match=rf"GEMS_AUTOTUNE.*{value!r}"):
         _launch(kernel, 100)
     monkeypatch.setenv("GEMS_AUTOTUNE", "0")
@@ -365,21 +436,21 @@ def test_autotune_env_is_checked_under_the_interpreter_too(
 def test_decoration_errors_name_the_bad_value() -> None:
     """Mistakes visible at decoration raise at once, naming the bad value and the valid ones."""
     with pytest.raises(TypeError, match="not a str"):
-        at.autotune("k", key="n")  # type: ignore[arg-type]
+        declare("k", key="n")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"'m'.*x, n, BLOCK"):
-        at.autotune("k", key=["m"])(FakeJit())
+        declare("k", key=["m"])(FakeJit())
     with pytest.raises(ValueError, match="reset_to_zero"):
-        at.autotune("k", reset_to_zero=["y"])(FakeJit())
+        declare("k", reset_to_zero=["y"])(FakeJit())
     with pytest.raises(TypeError, match=r"@triton\.jit"):
-        at.autotune("k")(lambda x: x)
+        declare("k")(lambda x: x)
     with pytest.raises(ValueError, match="op"):
-        at.autotune("")
+        declare("")
     with pytest.raises(ValueError, match="top_kk"):
-        at.autotune("k", prune={"top_kk": 1})
+        declare("k", prune={"top_kk": 1})
     with pytest.raises(TypeError, match="callable"):
-        at.heuristics("k", BLOCK=4)(FakeJit())  # type: ignore[arg-type]
+        declare("k", rules={"BLOCK": 4})(FakeJit())  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="'Z'"):
-        at.heuristics("k", Z=lambda a: 1)(FakeJit())
+        declare("k", rules={"Z": lambda a: 1})(FakeJit())
 
 
 def test_launch_errors_name_file_op_and_key(gpu_dir: Path) -> None:
@@ -392,13 +463,13 @@ def test_launch_errors_name_file_op_and_key(gpu_dir: Path) -> None:
     )
     x = torch.empty(1)
     with pytest.raises(ConfigError, match=rf"{path}.*\[ops.k\].*'BLOKC'"):
-        at.autotune("k")(FakeJit())[(1,)](x, 1)
+        declare("k")(FakeJit())[(1,)](x, 1)
     with pytest.raises(ConfigError, match=rf"{path}.*\[ops.h\].*no configs"):
-        at.autotune("h")(FakeJit())[(1,)](x, 1)
+        declare("h")(FakeJit())[(1,)](x, 1)
     with pytest.raises(ConfigError, match=r"\[ops.r\] heuristics key 'BLOCK': 'm'"):
-        at.heuristics("r")(FakeJit())[(1,)](x, 1)
+        declare("r")(FakeJit())[(1,)](x, 1)
     with pytest.raises(ConfigError, match="'missing'"):
-        at.autotune("missing")(FakeJit())[(1,)](x, 1)
+        declare("missing")(FakeJit())[(1,)](x, 1)
 
 
 def test_autotune_off_skips_configs_the_device_cannot_run(
@@ -424,7 +495,7 @@ def test_autotune_off_skips_configs_the_device_cannot_run(
             super().run(*args, grid=grid, warmup=warmup, **kwargs)
 
     fake = Counting()
-    kernel = at.autotune("k", key=["n"])(fake)
+    kernel = declare("k", key=["n"])(fake)
     kernel[(1,)](torch.empty(4), 4)
     kernel[(1,)](torch.empty(4), 4)
     kernel[(1,)](torch.empty(4), 100)  # a new size does not try the config that failed
@@ -439,7 +510,7 @@ def test_shipped_tune_files_name_gemsops_kernels_and_their_arguments() -> None:
     from pathlib import Path
 
     import gemsops.ops
-    from gemshal.autotune import _KERNELS
+    from gemshal.kernel.decorator import _KERNELS
     from gemshal.tune_format import TuneSource, loads
     from gemsops import declare
 
@@ -455,6 +526,8 @@ def test_shipped_tune_files_name_gemsops_kernels_and_their_arguments() -> None:
         parsed = loads(path.read_text(), source)
         for op, entry in parsed.ops.items():
             assert op in kernels, f"{path.name}: [ops.{op}] tunes no gemsops kernel"
-            for config in (*entry.configs, *([entry.interpreter] if entry.interpreter else [])):
+            rows = (row.config for row in entry.table)
+            for config in (*entry.configs, *([entry.interpreter] if entry.interpreter else []),
+                           *rows):
                 unknown = {k for k, _ in config.meta} - kernels[op]
                 assert not unknown, f"{path.name}: [ops.{op}] sets {unknown}"

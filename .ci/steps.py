@@ -1,0 +1,217 @@
+"""Model steps on the GPU: steady-state step times, first steps, and generation.
+
+    python3 .ci/steps.py steady [--models llama,gpt2,bert,vit,llama508m] [--repeats 10]
+    python3 .ci/steps.py first MODEL [--side torch]  # a fresh process: build, then a step
+    python3 .ci/steps.py generate [--tokens 64]
+    gemsops tune --out FILE --script .ci/steps.py -- workload   # the sm90 tables' workload
+
+``steady``: per model, one process, the same weights and inputs, torch's kernels and
+``gemsops.use_gems()`` each warmed up (3 steps), then the median of ``--repeats`` steps.
+A training step is forward, loss, backward (and an AdamW step for ``llama508m``).
+``first``: the wall time of the first gemsops step in this process (compiles; with an
+empty ``TRITON_CACHE_DIR``, everything), then of the second; prints one JSON line.
+``generate``: HF ``generate`` of the small Llama at batch 1 (greedy): tokens per second
+of each side, and the wall time of gemsops' first 8 tokens in this process.
+
+Models (transformers, random init, bf16, SDPA attention):
+``llama``: width 1024, 4 layers, 8 heads (4 KV heads), 4x512 tokens; ``gpt2``: width
+768, 4 layers, 12 heads, 4x512; ``bert``: width 768, 4 layers, 4x512, a quarter padded;
+``vit``: ViT-B/16 width, 4 layers, 32 images of 224 pixels; ``llama508m``: width 2048,
+8 layers, 16 heads (8 KV heads), 4x2048 tokens, AdamW.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+import gemsops
+
+
+def _config(name: str) -> tuple[Any, dict[str, Any]]:
+    import transformers as tf
+
+    if name == "llama":
+        cfg = tf.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                             num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                             max_position_embeddings=2048)
+        return cfg, {"batch": 4, "seq": 512}
+    if name == "llama508m":
+        cfg = tf.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                             num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8,
+                             max_position_embeddings=2048)
+        return cfg, {"batch": 4, "seq": 2048, "adamw": True}
+    if name == "gpt2":
+        return tf.GPT2Config(n_embd=768, n_layer=4, n_head=12, n_positions=1024), {
+            "batch": 4, "seq": 512}
+    if name == "bert":
+        return tf.BertConfig(hidden_size=768, num_hidden_layers=4, num_attention_heads=12,
+                             intermediate_size=3072), {"batch": 4, "seq": 512}
+    if name == "vit":
+        return tf.ViTConfig(hidden_size=768, num_hidden_layers=4, num_attention_heads=12,
+                            intermediate_size=3072, num_labels=1000), {"batch": 32}
+    raise SystemExit(f"unknown model {name!r}; known: llama, gpt2, bert, vit, llama508m")
+
+
+def _build(name: str) -> tuple[Any, dict[str, Any], Any]:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg, shape = _config(name)
+    cls = {"llama": tf.LlamaForCausalLM, "llama508m": tf.LlamaForCausalLM,
+           "gpt2": tf.GPT2LMHeadModel, "bert": tf.BertForMaskedLM,
+           "vit": tf.ViTForImageClassification}[name]
+    model = cls._from_config(cfg, attn_implementation="sdpa").to("cuda", torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    if name == "vit":
+        b = shape["batch"]
+        inputs = {"pixel_values": torch.randn(b, 3, 224, 224, generator=gen).to("cuda", torch.bfloat16),
+                  "labels": torch.randint(0, 1000, (b,), generator=gen).cuda()}
+    else:
+        ids = torch.randint(0, cfg.vocab_size, (shape["batch"], shape["seq"]), generator=gen).cuda()
+        mask = torch.ones_like(ids)
+        if name == "bert":
+            mask[:, -shape["seq"] // 4:] = 0
+        inputs = {"input_ids": ids, "attention_mask": mask, "labels": ids.clone()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if shape.get("adamw") else None
+    return model, inputs, opt
+
+
+def _step(model: Any, inputs: dict[str, Any], opt: Any) -> None:
+    model.zero_grad(set_to_none=True)
+    model(**inputs).loss.backward()
+    if opt is not None:
+        opt.step()
+
+
+def _median_ms(model: Any, inputs: dict[str, Any], opt: Any, repeats: int) -> float:
+    for _ in range(3):
+        _step(model, inputs, opt)
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        _step(model, inputs, opt)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def steady(models: list[str], repeats: int) -> None:
+    for name in models:
+        model, inputs, opt = _build(name)
+        torch_ms = _median_ms(model, inputs, opt, repeats)
+        with gemsops.use_gems():
+            gems_ms = _median_ms(model, inputs, opt, repeats)
+        torch_again = _median_ms(model, inputs, opt, repeats)
+        print(json.dumps({"model": name, "torch_ms": round(torch_ms, 2),
+                          "torch_again_ms": round(torch_again, 2),
+                          "gemsops_ms": round(gems_ms, 2),
+                          "ratio": round(gems_ms / min(torch_ms, torch_again), 3)}), flush=True)
+        del model, inputs, opt
+        torch.cuda.empty_cache()
+
+
+def first(name: str, side: str) -> None:
+    t0 = time.perf_counter()
+    model, inputs, opt = _build(name)
+    torch.cuda.synchronize()
+    built = time.perf_counter() - t0
+    with gemsops.use_gems() if side == "gemsops" else _null():
+        t = time.perf_counter()
+        _step(model, inputs, opt)
+        torch.cuda.synchronize()
+        first_s = time.perf_counter() - t
+        t = time.perf_counter()
+        _step(model, inputs, opt)
+        torch.cuda.synchronize()
+        second_s = time.perf_counter() - t
+    print(json.dumps({"model": name, "side": side, "build_s": round(built, 2),
+                      "first_step_s": round(first_s, 2),
+                      "second_step_s": round(second_s, 3)}), flush=True)
+
+
+def generate(tokens: int) -> None:
+    model, _inputs, _opt = _build("llama")
+    model.eval()
+    ids = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(2)).cuda()
+    kw = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False}
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        with gemsops.use_gems():
+            t = time.perf_counter()
+            model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+            torch.cuda.synchronize()
+            out["gemsops_first_8_tokens_s"] = round(time.perf_counter() - t, 2)
+        for side in ("torch", "gemsops", "torch_again"):
+            ctx = gemsops.use_gems() if side == "gemsops" else _null()
+            with ctx:
+                model.generate(ids, **kw)  # warm
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                model.generate(ids, **kw)
+                torch.cuda.synchronize()
+                out[f"{side}_tokens_per_s"] = round(tokens / (time.perf_counter() - t), 1)
+    out["ratio"] = round(out["gemsops_tokens_per_s"] / max(out["torch_tokens_per_s"],
+                                                           out["torch_again_tokens_per_s"]), 3)
+    print(json.dumps(out), flush=True)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def workload(models: list[str]) -> None:
+    """One gemsops training step of each model, then greedy decode of the small Llama at
+    batches 1 and 8: the workload ``gemsops tune`` benchmarks for the sm90 tables."""
+    for name in models:
+        model, inputs, opt = _build(name)
+        with gemsops.use_gems():
+            t = time.perf_counter()
+            _step(model, inputs, opt)
+            torch.cuda.synchronize()
+        print(f"tune workload: {name} step {time.perf_counter() - t:.1f} s", flush=True)
+        del model, inputs, opt
+        torch.cuda.empty_cache()
+    model, _inputs, _opt = _build("llama")
+    model.eval()
+    for batch in (1, 8):
+        ids = torch.randint(0, 32000, (batch, 64), generator=torch.Generator().manual_seed(3)).cuda()
+        with torch.no_grad(), gemsops.use_gems():
+            t = time.perf_counter()
+            model.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+            torch.cuda.synchronize()
+        print(f"tune workload: generate batch {batch} {time.perf_counter() - t:.1f} s", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=("steady", "first", "generate", "workload"))
+    p.add_argument("model", nargs="?", default="llama")
+    p.add_argument("--models", default="llama,gpt2,bert,vit,llama508m")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--side", choices=("gemsops", "torch"), default="gemsops")
+    a = p.parse_args(argv)
+    if a.what == "steady":
+        steady(a.models.split(","), a.repeats)
+    elif a.what == "first":
+        first(a.model, a.side)
+    elif a.what == "workload":
+        workload(a.models.split(","))
+    else:
+        generate(a.tokens)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,750 @@
+"""``@kernel``: one decorator for a Triton kernel, its tuning entry and its launch.
+
+It goes above ``@triton.jit`` and names the op's tuning entry instead of listing
+configs::
+
+    @kernel("softmax_rows", key=["M", "N"])
+    @triton.jit
+    def _softmax_rows_kernel(X, OUT, M, N, ..., BLOCK_M: tl.constexpr, ...): ...
+
+    _softmax_rows_kernel[grid](x, out, m, n, ..., **consts)
+
+**One key per call.** A launch computes one tuple: the direct launcher's cheap key
+(:mod:`gemshal.kernel.launcher`: dtypes, alignment and integer classes, the constant
+keywords by identity, the current device) extended by the size buckets of the key
+arguments and the exact values of the arguments the heuristic rules read. A hit goes
+straight to the compiled kernel. A miss resolves everything once: the tuning entry
+(read once per tuning generation), the config for the bucket (see
+:mod:`gemshal.kernel.plan` for the tables-first policy), the heuristic keywords (the
+entry's ``heuristics`` table, then the Python ``rules`` given here), the compile, and
+the launcher's entry.
+
+**Rules** see the kernel's key arguments, its constant keywords, the config's values and
+the rules computed before them; a Python rule reading anything else is an error naming
+it (its value would not be part of the key).
+
+**The device guard** belongs here too: when the first tensor argument lives on a device
+other than the current one, the launch runs under :func:`gemshal.device_guard`; op code
+needs no guard of its own.
+
+**Progress.** A miss that takes more than half a second (a compile Triton's cache did
+not hold, or a benchmark) writes one line on stderr while it runs, when stderr is a
+terminal or ``GEMS_PROGRESS=1`` (``GEMS_PROGRESS=0`` silences it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from gemshal import _triton
+from gemshal import tune as _tune
+from gemshal.errors import ConfigError
+from gemshal.kernel import launcher as _launcher
+from gemshal.kernel import plan as _plan
+from gemshal.tune_format import LAUNCH_KEYS, OpTuning, TuneConfig
+
+__all__ = ["PROGRESS_ENV", "Kernel", "Rule", "choices", "kernel", "tuned"]
+
+Rule = Callable[[Mapping[str, Any]], Any]
+"""A Python heuristic: ``{name: value}`` of the key arguments, constants and config ->
+the keyword's value."""
+
+PROGRESS_ENV = "GEMS_PROGRESS"
+_PRUNE_KEYS = ("early_config_prune", "perf_model", "top_k")
+_PROGRESS_AFTER = 0.5
+
+
+def _progress_on() -> bool:
+    raw = os.environ.get(PROGRESS_ENV, "").strip()
+    if raw == "":
+        return bool(getattr(sys.stderr, "isatty", lambda: False)())
+    if raw in ("0", "1"):
+        return raw == "1"
+    raise ConfigError(
+        f"{PROGRESS_ENV} must be 0 (no progress lines), 1 (progress lines on stderr) or "
+        f"unset (progress lines when stderr is a terminal); got {raw!r}"
+    )
+
+
+class _Progress:
+    """A line on stderr while a slow step runs (printed only if it passes half a second)."""
+
+    compiled = 0
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.shown = False
+        self.start = time.perf_counter()
+        self.timer: threading.Timer | None = None
+        if _progress_on():
+            self.timer = threading.Timer(_PROGRESS_AFTER, self._show)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _show(self) -> None:
+        self.shown = True
+        sys.stderr.write(f"gemshal: {self.what} ...\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.shown:
+            _Progress.compiled += 1
+            took = time.perf_counter() - self.start
+            sys.stderr.write(
+                f"gemshal: {self.what}: {took:.1f} s ({_Progress.compiled} slow "
+                f"preparations so far)\n"
+            )
+            sys.stderr.flush()
+
+
+def _check_names(param: str, names: Sequence[str], valid: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(names, str):
+        raise TypeError(f"{param} must be a list of argument names such as [{names!r}], not a str")
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise ValueError(
+            f"{param} names {', '.join(map(repr, unknown))}, not arguments of the kernel; "
+            f"its arguments are {', '.join(valid)}"
+        )
+    return tuple(names)
+
+
+def _dtype_name(args: tuple[Any, ...]) -> str | None:
+    for value in args:
+        dtype = getattr(value, "dtype", None)
+        if isinstance(dtype, torch.dtype):
+            return str(dtype).removeprefix("torch.")
+    return None
+
+
+class _Restricted(dict[str, Any]):
+    """What a Python rule may read; a missing name is a ConfigError naming it."""
+
+    def __init__(self, values: Mapping[str, Any], owner: str) -> None:
+        super().__init__(values)
+        self.owner = owner
+
+    def __missing__(self, name: str) -> Any:
+        raise ConfigError(
+            f"{self.owner}: reads {name!r}, which is not a key argument, constant keyword or "
+            f"config value of the launch (rules may read only those: add it to key=)"
+        )
+
+
+class _Choice:
+    """The config one bucket launches with, and how it was found."""
+
+    __slots__ = ("dtype", "how", "meta", "when")
+
+    def __init__(
+        self, when: dict[str, Any], dtype: str | None, meta: dict[str, Any], how: str
+    ) -> None:
+        self.when = when
+        self.dtype = dtype
+        self.meta = meta
+        self.how = how
+
+
+class _State:
+    """How a kernel launches under one tuning generation (made on the first launch)."""
+
+    __slots__ = (
+        "bucket_index",
+        "choices",
+        "configs",
+        "file_rules",
+        "fulls",
+        "generation",
+        "launcher",
+        "pinned",
+        "policy",
+        "raw_index",
+        "rules",
+        "table",
+        "too_big",
+        "tuner",
+        "tuning",
+        "where",
+    )
+
+    def __init__(self) -> None:
+        self.generation = -1
+        self.tuning: OpTuning | None = None
+        self.configs: tuple[TuneConfig, ...] = ()
+        self.table: tuple[Any, ...] = ()
+        self.pinned: dict[str, Any] | None = None
+        self.policy = "tables"
+        self.rules: tuple[tuple[str, Rule], ...] = ()
+        self.file_rules: frozenset[str] = frozenset()
+        self.where: dict[str, str] = {}
+        self.bucket_index: tuple[int, ...] = ()
+        self.raw_index: tuple[int, ...] = ()
+        self.launcher: _launcher.Launcher | None = None
+        self.choices: dict[tuple[Any, ...], _Choice] = {}
+        self.fulls: dict[tuple[Any, ...], tuple[Mapping[str, Any], dict[str, Any]]] = {}
+        self.too_big: set[tuple[Any, ...]] = set()
+        self.tuner: Any = None
+
+
+class Kernel:
+    """A ``@triton.jit`` function with its op's tuning entry; made by :func:`kernel`."""
+
+    def __init__(
+        self,
+        fn: Any,
+        op: str,
+        key: Sequence[str],
+        rules: Mapping[str, Rule],
+        prune: Mapping[str, Any] | None,
+        reset_to_zero: Sequence[str],
+        restore_value: Sequence[str],
+    ) -> None:
+        names = getattr(fn, "arg_names", None)
+        if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"gemshal.kernel.kernel decorates a @triton.jit function; got {fn!r}")
+        self.fn = fn
+        self.op = op
+        self.arg_names: tuple[str, ...] = tuple(names)
+        self.keys = _check_names("key", key, self.arg_names)
+        self.reset_to_zero = _check_names("reset_to_zero", reset_to_zero, self.arg_names)
+        self.restore_value = _check_names("restore_value", restore_value, self.arg_names)
+        valid = [*self.arg_names, *LAUNCH_KEYS]
+        _check_names("rules", list(rules), valid)
+        for name, rule in rules.items():
+            if not callable(rule):
+                raise TypeError(f"rule {name!r} must be callable (args -> value); got {rule!r}")
+        self.rules = dict(rules)
+        self.prune = dict(prune) if prune else None
+        self.__name__ = getattr(fn, "__name__", op)
+        self._state = _State()
+        self._lock = threading.RLock()
+        _KERNELS.add(self)
+
+    def __repr__(self) -> str:
+        return f"<Kernel op={self.op!r} fn={self.__name__}>"
+
+    # --- launch syntax ---------------------------------------------------------------
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        """Launch syntax: ``kernel[grid](*args, **kwargs)``; grid is a tuple or ``f(meta)``."""
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def run(self, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> Any:
+        """Launch (or, with ``warmup``, only compile) the kernel, as ``JITFunction.run``."""
+        if warmup:
+            return self._warmup(grid, args, kwargs)
+        return self.launch(grid, args, kwargs)
+
+    def warmup(self, *args: Any, grid: Any, **kwargs: Any) -> Any:
+        """Compile without launching; arguments may be dtypes, as in Triton."""
+        return self._warmup(grid, tuple(map(_triton.mock_dtype, args)), kwargs)
+
+    def launch(self, grid: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """Launch with the arguments as a tuple and the constant keywords as a dict.
+
+        Callers keep one ``kwargs`` dict per constant set and never change it: the key
+        remembers it by identity.
+        """
+        state = self._state
+        if state.generation != _tune._GENERATION:
+            state = self._resolve()
+        n = len(args)
+        extra = (
+            state,
+            *[
+                (1 << (v - 1).bit_length()) if type(v) is int and v > 0 else v
+                for v in [args[i] for i in state.bucket_index if i < n]
+            ],
+            *[args[i] for i in state.raw_index if i < n],
+        )
+        launcher = state.launcher
+        if launcher is not None:
+            device, key, entry = launcher.lookup(args, kwargs, extra)
+            if entry is not None and entry.verified:
+                first = args[0] if n else None
+                if type(first) is not torch.Tensor or first.get_device() in (device, -1):
+                    return launcher.fire(entry, grid, args, device)
+            return self._slow(state, grid, args, kwargs, extra, device, key, entry)
+        return self._slow(state, grid, args, kwargs, extra, -1, None, None)
+
+    def _slow(
+        self,
+        state: _State,
+        grid: Any,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        extra: tuple[Any, ...],
+        device: int,
+        key: tuple[Any, ...] | None,
+        entry: Any,
+    ) -> Any:
+        # Every launch but a verified hit on the current device: the device guard, then
+        # the miss path (choose, compute, compile, make or check the launcher's entry).
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor):
+            index = first.get_device()
+            if index >= 0:
+                if device < 0:
+                    from gemshal.device import device_module
+
+                    device = int(device_module().current_device())
+                if index != device:
+                    from gemshal.device import device_guard
+
+                    with device_guard(first.device):
+                        return self.launch(grid, args, kwargs)
+        return self._miss(state, grid, args, kwargs, extra, device, key, entry)
+
+    # --- resolution ------------------------------------------------------------------
+
+    def _resolve(self) -> _State:
+        with self._lock:
+            generation = _tune._GENERATION
+            if self._state.generation == generation:
+                return self._state
+            state = _State()
+            state.policy = _plan.policy()  # read everywhere, so a bad value always fails
+            context = _tune.current_context()
+            tuning = _tune.lookup(self.op, context=context)
+            self._check(tuning, context.extra_launch_keys)
+            state.tuning = tuning
+            state.configs = tuning.configs
+            state.table = tuning.table
+            if context.interpreter or _launcher.stubbed():
+                pinned = tuning.pinned
+                assert pinned is not None  # _check() ensured configs exist
+                # The interpreter runs each program in Python: one small config is
+                # plenty, and launch keywords mean nothing there.
+                state.pinned = dict(pinned.meta) if context.interpreter else _meta(pinned)
+            elif len(tuning.configs) == 1:
+                state.pinned = _meta(tuning.configs[0])
+            rules, where, reads = self._rules(tuning, context.extra_launch_keys)
+            state.rules, state.where = rules, where
+            state.file_rules = frozenset(r.name for r in tuning.heuristics)
+            index = {name: i for i, name in enumerate(self.arg_names)}
+            key_index = tuple(index[k] for k in self.keys)
+            raw = tuple(sorted({index[r] for r in reads if r in index}))
+            state.raw_index = raw
+            state.bucket_index = tuple(i for i in key_index if i not in raw)
+            state.launcher = _launcher.launcher_for(self.fn)
+            if state.launcher is not None:
+                state.launcher.clear()  # entries hold the previous generation's configs
+            state.generation = generation
+            self._state = state
+            return state
+
+    def _check(self, tuning: OpTuning, extra_keys: Sequence[str]) -> None:
+        if not tuning.configs:
+            raise ConfigError(
+                f"{tuning.location}: lists no configs; a gemshal kernel needs 'configs' or 'grid'"
+            )
+        valid = set(self.arg_names)
+        everything = [
+            *tuning.configs,
+            *([tuning.interpreter] if tuning.interpreter else []),
+            *(row.config for row in tuning.table),
+        ]
+        for config in everything:
+            for name, _value in config.meta:
+                if name not in valid:
+                    raise ConfigError(
+                        f"{tuning.location}: key {name!r} is not an argument of kernel "
+                        f"{self.__name__!r}; its arguments are {', '.join(self.arg_names)}"
+                    )
+        for i, row in enumerate(tuning.table):
+            for name, _value in row.when:
+                if name not in self.keys:
+                    raise ConfigError(
+                        f"{tuning.location} key 'table' row {i}: {name!r} is not in the "
+                        f"kernel's key; its key is {', '.join(self.keys) or '(empty)'}"
+                    )
+
+    def _rules(
+        self, tuning: OpTuning, extra_keys: Sequence[str]
+    ) -> tuple[tuple[tuple[str, Rule], ...], dict[str, str], set[str]]:
+        valid = [*self.arg_names, *LAUNCH_KEYS, *extra_keys]
+        rules: dict[str, Rule] = {}
+        where: dict[str, str] = {}
+        reads: set[str] = set()
+        for rule in tuning.heuristics:
+            for name in sorted({rule.name} | rule.references()):
+                if name not in valid:
+                    raise ConfigError(
+                        f"{tuning.location} heuristics key {rule.name!r}: {name!r} is not an "
+                        f"argument or launch keyword of the kernel; valid: {', '.join(valid)}"
+                    )
+            rules[rule.name] = rule.compile()
+            where[rule.name] = f"{tuning.location} heuristics key {rule.name!r}"
+            reads |= rule.references()
+        # File rules run first, so Python rules can read what they compute; a file rule
+        # replaces a Python one of the same name (files override per device).
+        for name, fn in self.rules.items():
+            if name not in rules:
+                rules[name] = fn
+                where[name] = f"kernel {self.__name__!r} rule {name!r}"
+                reads |= set(self.keys)
+        return tuple(rules.items()), where, reads
+
+    # --- a miss: choose, compute, compile ----------------------------------------------
+
+    def _when(
+        self, state: _State, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        n = len(args)
+        out: dict[str, Any] = {}
+        for name in self.keys:
+            i = self.arg_names.index(name)
+            value = args[i] if i < n else kwargs.get(name)
+            out[name] = _plan.bucket(value)
+        return out
+
+    def _named(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        named = dict(zip(self.arg_names, args, strict=False))
+        named.update(kwargs)
+        return named
+
+    def _pruned(
+        self, state: _State, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> list[TuneConfig]:
+        prune = (self.prune or {}).get("early_config_prune")
+        configs = list(state.configs)
+        if prune is None:
+            return configs
+        triton_configs = [c.to_triton() for c in configs]
+        kept = prune(triton_configs, self._named(args, kwargs), **kwargs)
+        ids = {id(c) for c in kept}
+        return [c for c, t in zip(configs, triton_configs, strict=True) if id(t) in ids] or configs
+
+    def _choose(
+        self, state: _State, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[tuple[Any, ...], _Choice | None, list[TuneConfig]]:
+        """(choice key, the choice made for it or None, configs to try in order)."""
+        when = self._when(state, args, kwargs)
+        dtypes = tuple(a.dtype for a in args if hasattr(a, "dtype"))
+        ckey = (*when.values(), *dtypes)
+        chosen = state.choices.get(ckey)
+        if chosen is not None:
+            return ckey, chosen, []
+        dtype = _dtype_name(args)
+        if state.pinned is not None:
+            choice = _Choice(when, dtype, state.pinned, "pinned")
+            state.choices[ckey] = choice
+            return ckey, choice, []
+        row, exact = _plan.nearest_row(state.table, when, dtype)
+        if state.policy == "all" or (state.policy == "uncovered" and not exact):
+            return ckey, None, []  # benchmark
+        order = _plan.config_order(
+            self._pruned(state, args, kwargs), row.config if row is not None else None
+        )
+        how = "table" if exact else ("nearest" if row is not None else "first")
+        return ckey, _Choice(when, dtype, {}, how), order
+
+    def _compute(
+        self,
+        state: _State,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        meta: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """The complete keywords of a launch: the caller's, the config's and the rules'."""
+        full = {**kwargs, **meta}
+        if not state.rules:
+            return full
+        keys = set(self.keys)
+        visible = {n: v for n, v in zip(self.arg_names, args, strict=False) if n in keys}
+        visible.update(full)
+        name = ""
+        try:
+            for name, rule in state.rules:
+                if name in self.rules and name not in state.file_rules:
+                    value = rule(_Restricted(visible, state.where[name]))
+                else:
+                    value = rule({**self._named(args, kwargs), **visible})
+                visible[name] = full[name] = value
+        except KeyError as exc:
+            raise ConfigError(
+                f"{state.where.get(name, name)}: reads {exc.args[0]!r}, which this launch did "
+                "not pass"
+            ) from None
+        return full
+
+    def _miss(
+        self,
+        state: _State,
+        grid: Any,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        extra: tuple[Any, ...],
+        device: int,
+        key: tuple[Any, ...] | None,
+        entry: Any,
+    ) -> Any:
+        memo = (id(kwargs), extra)
+        hit = state.fulls.get(memo)
+        if hit is not None and hit[0] is kwargs:
+            return self._fire(state, grid, args, hit[1], device, key, entry, False)
+        ckey, choice, order = self._choose(state, args, kwargs)
+        if choice is None:
+            return self._benchmark(state, ckey, grid, args, kwargs)
+        if choice.meta or not order:
+            full = self._compute(state, args, kwargs, choice.meta)
+            result = self._fire(state, grid, args, full, device, key, entry, True)
+            self._remember(state, memo, kwargs, full)
+            return result
+        # First launch at this bucket: the preferred config, else the next that the
+        # device can run (a table row tuned for another dtype may not fit this one).
+        too_big = _triton.out_of_resources()
+        dtypes = tuple(getattr(a, "dtype", None) for a in args)
+        for i, config in enumerate(order):
+            meta = _meta(config)
+            mark = (config.identity(), dtypes)
+            last = i == len(order) - 1
+            if mark in state.too_big and not last:
+                continue
+            full = self._compute(state, args, kwargs, meta)
+            try:
+                result = self._fire(state, grid, args, full, device, key, entry, True)
+            except too_big:
+                state.too_big.add(mark)
+                if last:
+                    raise
+                continue
+            choice.meta = meta
+            state.choices[ckey] = choice
+            self._remember(state, memo, kwargs, full)
+            return result
+        raise ConfigError(f"tuning entry {self.op!r}: no config to launch")
+
+    def _remember(
+        self, state: _State, memo: tuple[Any, ...], kwargs: Mapping[str, Any], full: dict[str, Any]
+    ) -> None:
+        if len(state.fulls) >= 512:
+            state.fulls.clear()
+        state.fulls[memo] = (kwargs, full)
+
+    def _fire(
+        self,
+        state: _State,
+        grid: Any,
+        args: tuple[Any, ...],
+        full: dict[str, Any],
+        device: int,
+        key: tuple[Any, ...] | None,
+        entry: Any,
+        first: bool,
+    ) -> Any:
+        launcher = state.launcher
+        if launcher is not None and key is not None and entry is not None and entry.verified:
+            return launcher.fire(entry, grid, args, device)
+        progress = None
+        if first and entry is None:
+            progress = _Progress(
+                f"compiling {self.op} ({_describe(self._when(state, args, full), args)})"
+            )
+        try:
+            if launcher is not None:
+                return launcher.launch(grid, args, full, device, key, entry)
+            return self.fn.run(*args, grid=grid, warmup=False, **full)
+        finally:
+            if progress is not None:
+                progress.done()
+
+    def _benchmark(
+        self,
+        state: _State,
+        ckey: tuple[Any, ...],
+        grid: Any,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+    ) -> Any:
+        with self._lock:
+            if state.tuner is None:
+                state.tuner = self._tuner(state)
+            when = self._when(state, args, kwargs)
+            progress = _Progress(
+                f"tuning {self.op} ({_describe(when, args)}): {len(state.configs)} configs"
+            )
+            try:
+                result = state.tuner.run(*args, grid=grid, warmup=False, **kwargs)
+            finally:
+                progress.done()
+            best = getattr(state.tuner, "best_config", None)
+            if best is not None:
+                state.choices[ckey] = _Choice(
+                    when, _dtype_name(args), best.all_kwargs(), "benchmark"
+                )
+            return result
+
+    def _tuner(self, state: _State) -> Any:
+        import inspect
+
+        import triton
+
+        inner = self.fn
+        if state.rules:
+            rules = state.rules
+            inner = triton.heuristics(
+                {name: (lambda r: lambda named: r(named))(rule) for name, rule in rules}
+            )(self.fn)
+        extra: dict[str, Any] = {}
+        if "cache_results" in inspect.signature(triton.autotune).parameters:
+            extra["cache_results"] = True
+        return triton.autotune(
+            configs=[c.to_triton() for c in state.configs],
+            key=list(self.keys),
+            prune_configs_by=self.prune,
+            reset_to_zero=list(self.reset_to_zero) or None,
+            restore_value=list(self.restore_value) or None,
+            **extra,
+        )(inner)
+
+    def _warmup(self, grid: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        state = self._state
+        if state.generation != _tune._GENERATION:
+            state = self._resolve()
+        _ckey, choice, order = self._choose(state, args, kwargs)
+        if choice is not None and choice.meta:
+            meta = choice.meta
+        else:
+            meta = _meta((order or list(state.configs))[0])
+        full = self._compute(state, args, kwargs, meta)
+        return self.fn.run(*args, grid=grid, warmup=True, **full)
+
+    # --- what it knows -----------------------------------------------------------------
+
+    def configs_for_current_device(self) -> tuple[TuneConfig, ...]:
+        """The configs this kernel chooses from here (one when pinned under the interpreter).
+
+        Raises:
+            ConfigError: the op has no entry, its entry lists no configs, or a config
+                sets a meta-parameter the kernel does not take.
+        """
+        state = self._resolve() if self._state.generation != _tune._GENERATION else self._state
+        assert state.tuning is not None
+        if _tune.current_context().interpreter:
+            pinned = state.tuning.pinned
+            assert pinned is not None
+            return (pinned,)
+        return state.configs
+
+    def rules_for_current_device(self) -> dict[str, Any]:
+        """Each keyword this kernel's rules compute, with the rule computing it, in order."""
+        tuning = _tune.lookup(self.op)
+        out: dict[str, Any] = {r.name: r for r in tuning.heuristics}
+        out.update((k, v) for k, v in self.rules.items() if k not in out)
+        return out
+
+    def choices(self) -> Iterator[dict[str, Any]]:
+        """The config chosen at each bucket so far in this generation, and how
+        (``table``, ``nearest``, ``first``, ``benchmark`` or ``pinned``)."""
+        for choice in list(self._state.choices.values()):
+            yield {
+                "op": self.op,
+                "kernel": self.__name__,
+                "when": dict(choice.when),
+                "dtype": choice.dtype,
+                "how": choice.how,
+                "config": {k: _plain(v) for k, v in choice.meta.items()},
+            }
+
+
+def _meta(config: TuneConfig) -> dict[str, Any]:
+    out: dict[str, Any] = config.to_triton().all_kwargs()
+    return out
+
+
+def _plain(value: Any) -> Any:
+    return value if value is None or isinstance(value, int | float | str) else str(value)
+
+
+def _describe(when: Mapping[str, Any], args: tuple[Any, ...]) -> str:
+    dtype = _dtype_name(args)
+    sizes = ", ".join(f"{k}={v}" for k, v in when.items())
+    return ", ".join(p for p in (dtype, sizes) if p) or "no key"
+
+
+_KERNELS: weakref.WeakSet[Kernel] = weakref.WeakSet()
+
+
+def choices() -> list[dict[str, Any]]:
+    """Every kernel's choices in this process (see :meth:`Kernel.choices`), sorted."""
+    out = [c for k in list(_KERNELS) for c in k.choices()]
+    return sorted(out, key=lambda r: (r["op"], r["kernel"], str(r["when"]), str(r["dtype"])))
+
+
+def tuned() -> list[dict[str, Any]]:
+    """What benchmarking chose in this process: one record per op, kernel and bucket.
+
+    Each record has ``op``, ``kernel``, ``when`` (the key's bucket values), ``dtype``,
+    ``how`` (``benchmark``) and ``config`` (the chosen meta-parameters and launch
+    keywords). ``gemsops tune`` writes them as tuning tables; benchmarks save them.
+    """
+    return [c for c in choices() if c["how"] == "benchmark"]
+
+
+def kernel(
+    op: str,
+    key: Sequence[str] = (),
+    *,
+    rules: Mapping[str, Rule] | None = None,
+    prune: Callable[..., Any] | Mapping[str, Any] | None = None,
+    reset_to_zero: Sequence[str] = (),
+    restore_value: Sequence[str] = (),
+) -> Callable[[Any], Kernel]:
+    """Declare a ``@triton.jit`` kernel with its op's tuning entry.
+
+    Args:
+        op: The op's name in the tuning files.
+        key: Argument names whose size buckets (with the tensor dtypes) select a config.
+        rules: Python heuristics for keywords the file's rule language cannot say, as
+            ``triton.heuristics``; they run after the file's rules.
+        prune: ``early_config_prune(configs, named_args, **kwargs)``, or a
+            ``prune_configs_by`` mapping (``early_config_prune``, ``perf_model``, ``top_k``).
+        reset_to_zero: Arguments zeroed before each benchmarked run.
+        restore_value: Arguments restored after each benchmarked run.
+
+    Returns:
+        A decorator making a :class:`Kernel`.
+
+    Raises:
+        TypeError: ``key`` is a string, a rule is not callable, or the decorated object
+            is no Triton kernel.
+        ValueError: a name in ``key``, ``rules``, ``reset_to_zero`` or ``restore_value``
+            is not a kernel argument, or ``prune`` has unknown keys.
+    """
+    if not isinstance(op, str) or not op:
+        raise ValueError(f"op must be a non-empty string naming the tuning entry; got {op!r}")
+    for param, names in (
+        ("key", key),
+        ("reset_to_zero", reset_to_zero),
+        ("restore_value", restore_value),
+    ):
+        if isinstance(names, str):
+            raise TypeError(
+                f"{param} must be a list of argument names such as [{names!r}], not a str"
+            )
+    prune_by: dict[str, Any] | None = None
+    if isinstance(prune, Mapping):
+        unknown = sorted(set(prune) - set(_PRUNE_KEYS))
+        if unknown:
+            raise ValueError(f"prune has unknown keys {unknown}; valid: {', '.join(_PRUNE_KEYS)}")
+        prune_by = dict(prune)
+    elif callable(prune):
+        prune_by = {"early_config_prune": prune}
+    elif prune is not None:
+        raise TypeError(f"prune must be a callable or a mapping; got {prune!r}")
+
+    def decorate(fn: Any) -> Kernel:
+        return Kernel(fn, op, key, rules or {}, prune_by, reset_to_zero or (), restore_value or ())
+
+    return decorate

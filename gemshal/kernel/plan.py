@@ -1,0 +1,118 @@
+"""A kernel's plan: how it picks a config at a size bucket, under one tuning generation.
+
+The tuning policy (``GEMS_AUTOTUNE``) decides where a config comes from:
+
+* unset or ``0`` (tables): the op's ``table`` row for this bucket when the tuning file
+  has one; else the row of the nearest bucket (sizes compared on a log scale, rows of
+  the same dtype first); else the first config the kernel's pruning keeps that the
+  device can run. Nothing is benchmarked: a first call compiles one config.
+* ``1``: as tables where a row covers the bucket exactly; a bucket no row covers is
+  benchmarked once (a line on stderr says so) and the choice kept for the process.
+* ``all``: every bucket is benchmarked (``gemsops tune`` runs with it, to write tables).
+
+Under the Triton interpreter one config is pinned (the entry's ``interpreter`` config,
+else its first), whatever the policy.
+
+The functions here are pure (no Triton, no device), so the choice rules are tested on
+the CPU; :mod:`gemshal.kernel.decorator` applies them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gemshal.errors import ConfigError
+from gemshal.tune_format import TableRow, TuneConfig
+
+__all__ = [
+    "AUTOTUNE_ENV",
+    "POLICIES",
+    "bucket",
+    "config_order",
+    "nearest_row",
+    "policy",
+]
+
+AUTOTUNE_ENV = "GEMS_AUTOTUNE"
+POLICIES = ("tables", "uncovered", "all")
+"""The tuning policies, by ``GEMS_AUTOTUNE`` value: unset/``0``, ``1``, ``all``."""
+
+
+def policy(env: Mapping[str, str] | None = None) -> str:
+    """The tuning policy ``GEMS_AUTOTUNE`` asks for (one of :data:`POLICIES`).
+
+    Raises:
+        ConfigError: any value other than unset, ``0``, ``1`` or ``all``.
+    """
+    raw = (os.environ if env is None else env).get(AUTOTUNE_ENV, "").strip()
+    if raw in ("", "0"):
+        return "tables"
+    if raw == "1":
+        return "uncovered"
+    if raw == "all":
+        return "all"
+    raise ConfigError(
+        f"{AUTOTUNE_ENV} must be 0 or unset (launch the tuning tables' configs, benchmark "
+        f"nothing), 1 (benchmark the buckets no table row covers) or all (benchmark every "
+        f"bucket, as `gemsops tune` does); got {raw!r}"
+    )
+
+
+def bucket(value: Any) -> Any:
+    """A key value's size bucket: a positive integer (not a bool) rounded up to a power
+    of two; anything else stands for itself."""
+    if type(value) is int and value > 0:
+        return 1 << (value - 1).bit_length()
+    return value
+
+
+def _distance(row: TableRow, when: Mapping[str, Any]) -> float | None:
+    # Log-scale distance between a row's bucket and ours; None when a flag differs or
+    # the row names a key the kernel does not have.
+    total = 0.0
+    for name, value in row.when:
+        if name not in when:
+            return None
+        mine = when[name]
+        if type(value) is int and type(mine) is int and value > 0 and mine > 0:
+            total += abs(math.log2(value) - math.log2(mine))
+        elif value != mine:
+            return None
+    return total
+
+
+def nearest_row(
+    rows: Sequence[TableRow], when: Mapping[str, Any], dtype: str | None
+) -> tuple[TableRow | None, bool]:
+    """The table row for a bucket: ``(row, exact)``.
+
+    ``exact`` is True when the row's bucket and dtype are this call's. Otherwise the
+    nearest row on a log scale of the sizes, among rows of the same dtype (or of any
+    dtype when none has it), whose flags (non-integer key values) are the call's; the
+    earlier row wins a tie. ``(None, False)`` when no row qualifies.
+    """
+    best: TableRow | None = None
+    best_rank: tuple[int, float] | None = None
+    for row in rows:
+        distance = _distance(row, when)
+        if distance is None:
+            continue
+        same_dtype = row.dtype is None or row.dtype == dtype
+        if distance == 0 and same_dtype and len(row.when) == len(when):
+            return row, True
+        rank = (0 if same_dtype else 1, distance)
+        if best_rank is None or rank < best_rank:
+            best, best_rank = row, rank
+    return best, False
+
+
+def config_order(configs: Sequence[TuneConfig], preferred: TuneConfig | None) -> list[TuneConfig]:
+    """The configs to try, in order: ``preferred`` first (a table row's), then the
+    entry's own list."""
+    if preferred is None:
+        return list(configs)
+    rest = [c for c in configs if c.identity() != preferred.identity()]
+    return [preferred, *rest]

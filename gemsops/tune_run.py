@@ -1,0 +1,185 @@
+"""``gemsops tune``: run a workload once, benchmark every kernel and bucket it meets, and
+write the choices as a tuning file.
+
+    gemsops tune --out my-gpu.toml                    # the built-in model case
+    gemsops tune --out my-gpu.toml --script train.py  # a user's script, run once
+    GEMS_TUNE_CONFIG=my-gpu.toml python train.py      # later runs launch the tables
+
+The workload runs under ``GEMS_AUTOTUNE=all`` inside ``gemsops.use_gems()``: the first
+launch of each kernel at each size bucket benchmarks the op entry's candidate configs
+(one progress line per bucket on stderr), and every later launch uses the choice. The
+file written has, for every op met, the entry's configs and heuristics as they are now
+plus a ``table`` row per bucket (rows of the current entry for buckets this run did not
+meet are kept), so it can be given as ``GEMS_TUNE_CONFIG`` or shipped by a vendor
+plugin as ``<vendor>-<arch>.toml``.
+
+On the Triton interpreter nothing can be benchmarked: each bucket met gets the entry's
+first config, which is what a CI test of this command checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import gemshal
+from gemshal import tune
+from gemshal.kernel import AUTOTUNE_ENV, choices
+
+__all__ = ["add_parser", "main", "render", "run"]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} to a tuning file")
+
+
+def _config_dict(config: Mapping[str, Any]) -> dict[str, Any]:
+    # A chosen config as Triton's all_kwargs() gives it, less the launch keywords Triton
+    # fills with its defaults (None) and the ones it adds on its own.
+    return {k: v for k, v in config.items()
+            if v is not None and k not in ("num_ctas", "maxnreg", "ir_override", "pre_hook")}
+
+
+def render(rows: Iterable[Mapping[str, Any]], header: str) -> str:
+    """A tuning file: per op met, its current entry with a ``table`` row per bucket."""
+    by_op: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_op.setdefault(row["op"], []).append(row)
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    lines.append("")
+    for op in sorted(by_op):
+        entry = tune.lookup(op)
+        data = entry.as_dict()
+        table: dict[tuple[Any, ...], dict[str, Any]] = {}
+        old_rows = data.get("table", [])
+        assert isinstance(old_rows, list)
+        for old in old_rows:
+            assert isinstance(old, dict)
+            key = tuple(sorted((k, v) for k, v in old.items() if k != "config"))
+            table[key] = old
+        for row in by_op[op]:
+            new: dict[str, Any] = dict(row["when"])
+            if row["dtype"] is not None:
+                new["dtype"] = row["dtype"]
+            new["config"] = _config_dict(row["config"])
+            table[tuple(sorted((k, v) for k, v in new.items() if k != "config"))] = new
+        lines.append(f"[ops.{op}]")
+        lines.append(f"# from {entry.source.path}; {len(by_op[op])} buckets measured")
+        lines.append("configs = [")
+        configs = data.get("configs", [])
+        assert isinstance(configs, list)
+        for config in configs:
+            lines.append(f"    {_toml_value(config)},")
+        lines.append("]")
+        if "interpreter" in data:
+            lines.append(f"interpreter = {_toml_value(data['interpreter'])}")
+        lines.append("table = [")
+        for item in table.values():
+            lines.append(f"    {_toml_value(item)},")
+        lines.append("]")
+        heuristics = data.get("heuristics")
+        if isinstance(heuristics, Mapping) and heuristics:
+            lines.append(f"[ops.{op}.heuristics]")
+            for name, rule in heuristics.items():
+                lines.append(f"{name} = {_toml_value(rule)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _model_case() -> None:
+    from gemsops import bench_model
+
+    dev = gemshal.current_device()
+    cfg = bench_model.TINY_CONFIG if dev.interpreter else bench_model.GPU_CONFIG
+    bench_model.run_once(cfg)
+
+
+def run(script: str | None, script_args: list[str]) -> list[dict[str, Any]]:
+    """Run the workload once under ``GEMS_AUTOTUNE=all`` and ``use_gems()``; the buckets met.
+
+    Interpreted kernels are pinned, so there each bucket's row is the entry's first config.
+    """
+    from gemsops import registry
+
+    os.environ[AUTOTUNE_ENV] = "all"
+    tune.clear_cache()  # kernels resolved before take the new policy
+    dev = gemshal.current_device()
+    with registry.use_gems():
+        if script is None:
+            _model_case()
+        else:
+            saved = sys.argv
+            sys.argv = [script, *script_args]
+            try:
+                runpy.run_path(script, run_name="__main__")
+            finally:
+                sys.argv = saved
+    met = choices()
+    if dev.interpreter:
+        out = []
+        for row in met:
+            first = tune.lookup(row["op"]).configs[0]
+            out.append({**row, "how": "first", "config": first.to_triton().all_kwargs()})
+        return out
+    return [row for row in met if row["how"] == "benchmark"]
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``tune`` subcommand to the gemsops command line."""
+    p = sub.add_parser(
+        "tune",
+        help="run a workload once, benchmark every kernel and bucket, write a tuning file",
+    )
+    p.add_argument("--out", required=True, metavar="PATH", help="the tuning file to write")
+    p.add_argument("--script", metavar="PATH",
+                   help="a Python script to run once (default: the built-in model case)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER,
+                   help="arguments for the script (after --)")
+    p.set_defaults(run=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Check the output path, run the workload, write the file and a summary."""
+    out = os.path.abspath(args.out)
+    folder = os.path.dirname(out)
+    if os.path.isdir(out) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        print(f"gemsops tune: cannot write {args.out!r}: "
+              f"{'it is a directory' if os.path.isdir(out) else 'no writable folder there'}",
+              file=sys.stderr)
+        return 2
+    if args.script is not None and not os.path.isfile(args.script):
+        print(f"gemsops tune: no script at {args.script!r}", file=sys.stderr)
+        return 2
+    dev = gemshal.current_device()
+    start = time.perf_counter()
+    script_args = [a for a in args.script_args if a != "--"]
+    rows = run(args.script, script_args)
+    took = time.perf_counter() - start
+    what = args.script or "the built-in model case"
+    header = (f"gemsops tune on {dev.vendor.display_name} {dev.name} ({dev.arch.tag}), "
+              f"{what}, {time.strftime('%Y-%m-%d')}\n"
+              f"{len(rows)} kernel buckets in {took:.0f} s"
+              + ("; the interpreter benchmarks nothing: first configs" if dev.interpreter
+                 else ""))
+    with open(out, "w") as f:
+        f.write(render(rows, header))
+    ops = sorted({r["op"] for r in rows})
+    print(f"gemsops tune: {len(rows)} buckets of {len(ops)} ops in {took:.1f} s -> {out}")
+    for op in ops:
+        print(f"  {op}: {sum(r['op'] == op for r in rows)} buckets")
+    return 0
