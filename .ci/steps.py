@@ -171,6 +171,30 @@ class _null:
         return None
 
 
+def profile_generate(tokens: int) -> None:
+    """cProfile of gemsops' greedy decode (after a warm-up), by own time, and the calls."""
+    import cProfile
+    import pstats
+
+    from gemsops import registry
+
+    model, _inputs, _opt = _build("llama")
+    model.eval()
+    ids = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(2)).cuda()
+    kw = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False}
+    with torch.no_grad(), gemsops.use_gems():
+        model.generate(ids, **kw)
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        with registry.record() as rec:
+            prof.enable()
+            model.generate(ids, **kw)
+            torch.cuda.synchronize()
+            prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(35)
+    print(rec.summary())
+
+
 def workload(models: list[str]) -> None:
     """One gemsops training step of each model, then greedy decode of the small Llama at
     batches 1 and 8: the workload ``gemsops tune`` benchmarks for the sm90 tables."""
@@ -196,7 +220,7 @@ def workload(models: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=("steady", "first", "generate", "workload"))
+    p.add_argument("what", choices=("steady", "first", "generate", "workload", "profile"))
     p.add_argument("model", nargs="?", default="llama")
     p.add_argument("--models", default="llama,gpt2,bert,vit,llama508m")
     p.add_argument("--repeats", type=int, default=10)
@@ -207,6 +231,8 @@ def main(argv: list[str]) -> None:
         steady(a.models.split(","), a.repeats)
     elif a.what == "first":
         first(a.model, a.side)
+    elif a.what == "profile":
+        profile_generate(a.tokens)
     elif a.what == "workload":
         workload(a.models.split(","))
     else:

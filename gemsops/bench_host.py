@@ -152,7 +152,15 @@ def measure_host(
             "served": sorted(rec.served),
             "handed_back": sorted({f"{op} ({why})" for op, why in rec.fallbacks}),
         })
-    return {"stubbed": stub, "device": str(torch_dev), "rows": rows, "profiles": profiles}
+    result: dict[str, Any] = {"stubbed": stub, "device": str(torch_dev), "rows": rows,
+                              "profiles": profiles}
+    try:
+        from gemshal.kernel import stats
+
+        result["launch_stats"] = stats()
+    except ImportError:  # a tree from before gemshal.kernel (.ci/host_compare.py)
+        pass
+    return result
 
 
 def report(result: dict[str, Any], json_path: str | None = None) -> None:
@@ -166,6 +174,11 @@ def report(result: dict[str, Any], json_path: str | None = None) -> None:
         ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
         print(f"{row['case']:<30} {row['torch_us']:>9.1f} {row['gemsops_us']:>9.1f} "
               f"{ratio:>7}  {served}{back}")
+    for record in result.get("launch_stats", []):
+        if record["jit"] > record["compiled"] * 2 or record["disabled"]:
+            print(f"launcher {record['kernel']}: {record['direct']} direct, {record['jit']} "
+                  f"through JITFunction.run, {record['compiled']} entries; "
+                  f"off: {record['disabled']}")
     for label, text in result.get("profiles", {}).items():
         print(f"\n===== cProfile: {label}\n{text}")
     if json_path:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import signal
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -109,6 +110,10 @@ def _model_case() -> None:
     bench_model.run_once(cfg)
 
 
+class _Stopped(Exception):
+    """The tuning run was asked to stop (SIGTERM): write what it measured."""
+
+
 def run(script: str | None, script_args: list[str]) -> list[dict[str, Any]]:
     """Run the workload once under ``GEMS_AUTOTUNE=all`` and ``use_gems()``; the buckets met.
 
@@ -119,16 +124,28 @@ def run(script: str | None, script_args: list[str]) -> list[dict[str, Any]]:
     os.environ[AUTOTUNE_ENV] = "all"
     tune.clear_cache()  # kernels resolved before take the new policy
     dev = gemshal.current_device()
-    with registry.use_gems():
-        if script is None:
-            _model_case()
-        else:
-            saved = sys.argv
-            sys.argv = [script, *script_args]
-            try:
-                runpy.run_path(script, run_name="__main__")
-            finally:
-                sys.argv = saved
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise _Stopped(signal.Signals(signum).name)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        with registry.use_gems():
+            if script is None:
+                _model_case()
+            else:
+                saved = sys.argv
+                sys.argv = [script, *script_args]
+                try:
+                    runpy.run_path(script, run_name="__main__")
+                finally:
+                    sys.argv = saved
+    except (_Stopped, KeyboardInterrupt) as why:
+        # What was measured so far is kept: the file is written with the buckets met.
+        print(f"gemsops tune: stopped ({why or 'interrupted'}); writing the buckets tuned so "
+              "far", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, before)
     met = choices()
     if dev.interpreter:
         out = []
@@ -171,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
     rows = run(args.script, script_args)
     took = time.perf_counter() - start
     what = args.script or "the built-in model case"
-    header = (f"gemsops tune on {dev.vendor.display_name} {dev.name} ({dev.arch.tag}), "
+    header = (f"gemsops tune on {dev.name} ({dev.vendor.name} {dev.arch.tag}), "
               f"{what}, {time.strftime('%Y-%m-%d')}\n"
               f"{len(rows)} kernel buckets in {took:.0f} s"
               + ("; the interpreter benchmarks nothing: first configs" if dev.interpreter

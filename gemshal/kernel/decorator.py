@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import weakref
+from types import MappingProxyType
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -79,8 +80,9 @@ class _Progress:
 
     compiled = 0
 
-    def __init__(self, what: str) -> None:
-        self.what = what
+    def __init__(self, what: Callable[[], str]) -> None:
+        self._what = what
+        self.what = ""
         self.shown = False
         self.start = time.perf_counter()
         self.timer: threading.Timer | None = None
@@ -90,6 +92,7 @@ class _Progress:
             self.timer.start()
 
     def _show(self) -> None:
+        self.what = self._what()
         self.shown = True
         sys.stderr.write(f"gemshal: {self.what} ...\n")
         sys.stderr.flush()
@@ -237,7 +240,8 @@ class Kernel:
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         """Launch syntax: ``kernel[grid](*args, **kwargs)``; grid is a tuple or ``f(meta)``."""
-        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+        # No keywords: one shared empty dict, so the launch key sees the same object.
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs or _NO_KEYWORDS)
 
     def run(self, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> Any:
         """Launch (or, with ``warmup``, only compile) the kernel, as ``JITFunction.run``."""
@@ -549,7 +553,7 @@ class Kernel:
         progress = None
         if first and entry is None:
             progress = _Progress(
-                f"compiling {self.op} ({_describe(self._when(state, args, full), args)})"
+                lambda: f"compiling {self.op} ({_describe(self._when(state, args, full), args)})"
             )
         try:
             if launcher is not None:
@@ -572,7 +576,7 @@ class Kernel:
                 state.tuner = self._tuner(state)
             when = self._when(state, args, kwargs)
             progress = _Progress(
-                f"tuning {self.op} ({_describe(when, args)}): {len(state.configs)} configs"
+                lambda: f"tuning {self.op} ({_describe(when, args)}): {len(state.configs)} configs"
             )
             try:
                 result = state.tuner.run(*args, grid=grid, warmup=False, **kwargs)
@@ -674,6 +678,7 @@ def _describe(when: Mapping[str, Any], args: tuple[Any, ...]) -> str:
 
 
 _KERNELS: weakref.WeakSet[Kernel] = weakref.WeakSet()
+_NO_KEYWORDS: Mapping[str, Any] = MappingProxyType({})
 
 
 def choices() -> list[dict[str, Any]]:

@@ -162,15 +162,14 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, cau
     if B * Hq * Lq == 0:
         return
     consts = _consts("fwd", query.dtype, D, causal, bias is not None)
-    with gemshal.device_guard(query):
-        attention_fwd_kernel.launch(
-            lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * Hq),
-            (query, key, value, bias if bias is not None else query, out, lse,
-             *query.stride(), *key.stride(), *value.stride(), *_strides4(bias),
-             *out.stride(), *lse.stride(),
-             Hq, Hq // Hkv, Lq, Lk, scale * 1.4426950408889634),
-            consts,
-        )
+    attention_fwd_kernel.launch(
+        lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * Hq),
+        (query, key, value, bias if bias is not None else query, out, lse,
+         *query.stride(), *key.stride(), *value.stride(), *_strides4(bias),
+         *out.stride(), *lse.stride(),
+         Hq, Hq // Hkv, Lq, Lk, scale * 1.4426950408889634),
+        consts,
+    )
 
 
 def _backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
@@ -202,28 +201,27 @@ def _backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
     bias_strides = _strides4(bias)
     dbias_arg = dbias if dbias is not None else query
     dbias_strides = _strides4(dbias)
-    with gemshal.device_guard(query):
-        attention_bwd_pre_kernel.launch(
-            lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * Hq),
-            (out, grad_out, delta, *out.stride(), *grad_out.stride(), Hq, Lq),
-            {"D": D},
-        )
-        attention_bwd_dkdv_kernel.launch(
-            lambda meta: (cdiv(Lk, meta["BLOCK_N"]), B * Hkv),
-            (query, key, value, bias_arg, grad_out, lse, delta, dk, dv, dbias_arg,
-             *query.stride(), *key.stride(), *value.stride(), *bias_strides,
-             *grad_out.stride(), *lse.stride(), *dk.stride(), *dv.stride(), *dbias_strides,
-             Hq, group, Lq, Lk, scale),
-            _consts("dkdv", dtype, D, causal, bias is not None, dbias is not None),
-        )
-        attention_bwd_dq_kernel.launch(
-            lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * Hq),
-            (query, key, value, bias_arg, grad_out, lse, delta, dq,
-             *query.stride(), *key.stride(), *value.stride(), *bias_strides,
-             *grad_out.stride(), *lse.stride(), *dq.stride(),
-             Hq, group, Lq, Lk, scale),
-            _consts("dq", dtype, D, causal, bias is not None),
-        )
+    attention_bwd_pre_kernel.launch(
+        lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * Hq),
+        (out, grad_out, delta, *out.stride(), *grad_out.stride(), Hq, Lq),
+        {"D": D},
+    )
+    attention_bwd_dkdv_kernel.launch(
+        lambda meta: (cdiv(Lk, meta["BLOCK_N"]), B * Hkv),
+        (query, key, value, bias_arg, grad_out, lse, delta, dk, dv, dbias_arg,
+         *query.stride(), *key.stride(), *value.stride(), *bias_strides,
+         *grad_out.stride(), *lse.stride(), *dk.stride(), *dv.stride(), *dbias_strides,
+         Hq, group, Lq, Lk, scale),
+        _consts("dkdv", dtype, D, causal, bias is not None, dbias is not None),
+    )
+    attention_bwd_dq_kernel.launch(
+        lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * Hq),
+        (query, key, value, bias_arg, grad_out, lse, delta, dq,
+         *query.stride(), *key.stride(), *value.stride(), *bias_strides,
+         *grad_out.stride(), *lse.stride(), *dq.stride(),
+         Hq, group, Lq, Lk, scale),
+        _consts("dq", dtype, D, causal, bias is not None),
+    )
     return dq, dk, dv, dbias
 
 

@@ -20,7 +20,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
 from gemshal.kernel import kernel
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, check_supported
@@ -177,13 +176,12 @@ def launch(mode: int, shape: Sequence[int], index: Tensor, idx_strides: Sequence
     sizes = [1] * pad + sizes
     si, ss, sd = ([0] * pad + si, [0] * pad + ss, [0] * pad + sd)
     consts = _CONSTS[(mode, alpha is not None)]
-    with gemshal.device_guard(dst):
-        _index_kernel.launch(
-            lambda meta: (cdiv(n, meta["BLOCK"]),),
-            (index, src, dst, alpha if alpha is not None else dst, n, *sizes[1:],
-             *si, *ss, *sd, stride_dim, size_dim),
-            consts,
-        )
+    _index_kernel.launch(
+        lambda meta: (cdiv(n, meta["BLOCK"]),),
+        (index, src, dst, alpha if alpha is not None else dst, n, *sizes[1:],
+         *si, *ss, *sd, stride_dim, size_dim),
+        consts,
+    )
 
 
 _CONSTS: dict[tuple[int, bool], dict[str, Any]] = {

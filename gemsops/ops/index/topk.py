@@ -20,7 +20,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
 from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
@@ -181,24 +180,23 @@ def topk(self: Tensor, k: int, dim: int = -1, largest: bool = True,
     src, src_idx = x, x
     sx = (x.stride(0), x.stride(2), x.stride(1))
     L, has_idx = N, False
-    with gemshal.device_guard(self):
-        while True:
-            chunk = min(next_power_of_2(L), chunk_max)
-            chunks = cdiv(L, chunk)
-            if chunks == 1:
-                ov, oi = values, indices
-                so = (k * inner, 1, 0, inner)
-            else:
-                width = chunks * k
-                ov = torch.empty((rows, width), dtype=self.dtype, device=self.device)
-                oi = torch.empty((rows, width), dtype=torch.int64, device=self.device)
-                so = (inner * width, width, k, 1)
-            _topk_kernel.launch(
-                (rows, chunks),
-                (src, src_idx, ov, oi, L, k, inner, *sx, *so),
-                _consts(self.dtype, has_idx, bool(largest), chunk, kblock))
-            if chunks == 1:
-                return values, indices
-            src, src_idx = ov, oi
-            sx = (inner * width, width, 1)
-            L, has_idx = width, True
+    while True:
+        chunk = min(next_power_of_2(L), chunk_max)
+        chunks = cdiv(L, chunk)
+        if chunks == 1:
+            ov, oi = values, indices
+            so = (k * inner, 1, 0, inner)
+        else:
+            width = chunks * k
+            ov = torch.empty((rows, width), dtype=self.dtype, device=self.device)
+            oi = torch.empty((rows, width), dtype=torch.int64, device=self.device)
+            so = (inner * width, width, k, 1)
+        _topk_kernel.launch(
+            (rows, chunks),
+            (src, src_idx, ov, oi, L, k, inner, *sx, *so),
+            _consts(self.dtype, has_idx, bool(largest), chunk, kblock))
+        if chunks == 1:
+            return values, indices
+        src, src_idx = ov, oi
+        sx = (inner * width, width, 1)
+        L, has_idx = width, True

@@ -24,7 +24,6 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-import gemshal
 from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
@@ -216,18 +215,17 @@ def _ce_forward(x2: Tensor, t2: Tensor, w: Tensor | None, prob: bool, red: int,
     loss = torch.empty(R, dtype=out_dtype if red == 0 else acc_t, device=dev)
     denom = torch.empty((), dtype=acc_t, device=dev)
     st = t2.stride() if prob else (t2.stride(0) if R else 1, 0)
-    with gemshal.device_guard(x2):
-        if R:
-            _ce_fwd_kernel.launch(
-                lambda meta: (cdiv(R, meta["BLOCK_M"]),),
-                (x2, t2, w if w is not None else x2, loss, roww, lse, mass, R, C, *x2.stride(),
-                 *st, ignore_index, float(eps)),
-                _consts(prob, (not prob) and eps > 0, w is not None, None, x2.dtype),
-            )
-        if red == 0:
-            return loss, lse, mass, denom
-        out = torch.empty((), dtype=out_dtype, device=dev)
-        reduce_rows(loss, roww, out, denom, R, red == 1, prob, acc_tl)
+    if R:
+        _ce_fwd_kernel.launch(
+            lambda meta: (cdiv(R, meta["BLOCK_M"]),),
+            (x2, t2, w if w is not None else x2, loss, roww, lse, mass, R, C, *x2.stride(),
+             *st, ignore_index, float(eps)),
+            _consts(prob, (not prob) and eps > 0, w is not None, None, x2.dtype),
+        )
+    if red == 0:
+        return loss, lse, mass, denom
+    out = torch.empty((), dtype=out_dtype, device=dev)
+    reduce_rows(loss, roww, out, denom, R, red == 1, prob, acc_tl)
     return out, lse, mass, denom
 
 
@@ -239,13 +237,12 @@ def _ce_backward(grad: Tensor, x2: Tensor, t2: Tensor, w: Tensor | None, prob: b
     g = grad.reshape(-1) if red == 0 else grad
     st = t2.stride() if prob else (t2.stride(0) if R else 1, 0)
     if R and C:
-        with gemshal.device_guard(x2):
-            _ce_bwd_kernel.launch(
-                lambda meta: (cdiv(R, meta["BLOCK_M"]),),
-                (x2, t2, w if w is not None else x2, lse, mass, g, denom, gi, R, C,
-                 *x2.stride(), *st, g.stride(0) if red == 0 else 0, ignore_index, float(eps)),
-                _consts(prob, (not prob) and eps > 0, w is not None, red == 1, x2.dtype),
-            )
+        _ce_bwd_kernel.launch(
+            lambda meta: (cdiv(R, meta["BLOCK_M"]),),
+            (x2, t2, w if w is not None else x2, lse, mass, g, denom, gi, R, C,
+             *x2.stride(), *st, g.stride(0) if red == 0 else 0, ignore_index, float(eps)),
+            _consts(prob, (not prob) and eps > 0, w is not None, red == 1, x2.dtype),
+        )
     return gi
 
 

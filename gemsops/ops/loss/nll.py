@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
 from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
@@ -103,16 +102,15 @@ def nll_loss_forward(self: Tensor, target: Tensor, weight: Tensor | None, reduct
     roww = torch.empty(R, dtype=acc_t, device=dev)
     unreduced = red == 0 and self.dim() == 2
     loss = torch.empty(R, dtype=self.dtype if unreduced else acc_t, device=dev)
-    with gemshal.device_guard(dev):
-        _nll_rows_kernel[lambda meta: (max(1, cdiv(R, meta["BLOCK_M"])),)](
-            x2, t, w if w is not None else x2, loss, roww, total, R, C, *x2.stride(),
-            t.stride(0) if R else 1, int(ignore_index),
-            ZERO_TOTAL=unreduced, HAS_W=w is not None, ACC=acc_tl)
-        if unreduced:
-            return loss, total
-        # A [C] input reduces even with reduction none (torch: one term, total = its weight).
-        out = torch.empty((), dtype=self.dtype, device=dev)
-        reduce_rows(loss, roww, out, total, R, red == 1, False, acc_tl)
+    _nll_rows_kernel[lambda meta: (max(1, cdiv(R, meta["BLOCK_M"])),)](
+        x2, t, w if w is not None else x2, loss, roww, total, R, C, *x2.stride(),
+        t.stride(0) if R else 1, int(ignore_index),
+        ZERO_TOTAL=unreduced, HAS_W=w is not None, ACC=acc_tl)
+    if unreduced:
+        return loss, total
+    # A [C] input reduces even with reduction none (torch: one term, total = its weight).
+    out = torch.empty((), dtype=self.dtype, device=dev)
+    reduce_rows(loss, roww, out, total, R, red == 1, False, acc_tl)
     return out, total
 
 
@@ -138,12 +136,11 @@ def nll_loss_backward(grad_output: Tensor, self: Tensor, target: Tensor, weight:
     g = grad_output.reshape(-1) if red == 0 and grad_output.dim() else grad_output
     gi = torch.empty(self.shape, dtype=self.dtype, device=self.device)
     if R and C:
-        with gemshal.device_guard(self.device):
-            _nll_bwd_kernel[lambda meta: (cdiv(R, meta["BLOCK_M"]),
-                                          cdiv(C, meta["BLOCK_C"]))](
-                g, t, w if w is not None else gi, total_weight, gi, R, C, stride_g,
-                t.stride(0), int(ignore_index), MEAN=red == 1, HAS_W=w is not None,
-                ACC=tl_acc(self.dtype))
+        _nll_bwd_kernel[lambda meta: (cdiv(R, meta["BLOCK_M"]),
+                                      cdiv(C, meta["BLOCK_C"]))](
+            g, t, w if w is not None else gi, total_weight, gi, R, C, stride_g,
+            t.stride(0), int(ignore_index), MEAN=red == 1, HAS_W=w is not None,
+            ACC=tl_acc(self.dtype))
     return gi
 
 

@@ -259,26 +259,25 @@ def launch_product(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: 
         persistent.launch(a, b, c, bias, alpha, beta, device)
         return
     mm, reduce = _consts(dtype, bias is not None, _precision(dtype), split)
-    with gemshal.device_guard(a):
-        if split == 1:
-            _mm_kernel.launch(
-                lambda meta: (batch * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), 1),
-                (a, b, c, s, M, N, K, *sa, *sb, *sc, *ss, alpha, beta),
-                mm,
-            )
-            return
-        work = torch.empty((split, M, N), device=a.device,
-                           dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    if split == 1:
         _mm_kernel.launch(
-            lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), split),
-            (a, b, work, s, M, N, K, *sa, *sb, *work.stride(), *ss, 1.0, 0.0),
+            lambda meta: (batch * cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), 1),
+            (a, b, c, s, M, N, K, *sa, *sb, *sc, *ss, alpha, beta),
             mm,
         )
-        _splitk_reduce_kernel.launch(
-            lambda meta: (cdiv(M, meta["BLOCK_M"]), cdiv(N, meta["BLOCK_N"])),
-            (work, c, s, M, N, *sc[1:], *ss[1:], alpha, beta),
-            reduce,
-        )
+        return
+    work = torch.empty((split, M, N), device=a.device,
+                       dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    _mm_kernel.launch(
+        lambda meta: (cdiv(M, meta["BLOCK_M"]) * cdiv(N, meta["BLOCK_N"]), split),
+        (a, b, work, s, M, N, K, *sa, *sb, *work.stride(), *ss, 1.0, 0.0),
+        mm,
+    )
+    _splitk_reduce_kernel.launch(
+        lambda meta: (cdiv(M, meta["BLOCK_M"]), cdiv(N, meta["BLOCK_N"])),
+        (work, c, s, M, N, *sc[1:], *ss[1:], alpha, beta),
+        reduce,
+    )
 
 
 def _mm_shapes(a: Tensor, b: Tensor) -> tuple[int, int, int]:

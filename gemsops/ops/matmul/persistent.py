@@ -273,6 +273,5 @@ def launch(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, b
     :func:`eligible` and the shapes, and ``bias`` is already broadcast to ``c``'s shape.
     """
     grid, args, consts = plan(a, b, c, bias, alpha, beta, device)
-    with gemshal.device_guard(a):
-        gemshal.ensure_scratch_allocator()
-        _mm_persistent_kernel.launch(grid, args, consts)
+    gemshal.ensure_scratch_allocator()
+    _mm_persistent_kernel.launch(grid, args, consts)

@@ -191,13 +191,12 @@ def arange(start: Number, end: Number, step: Number = 1, *, out: Tensor | None =
                              device=out.device)
     floating = out.dtype.is_floating_point
     acc = TL_DTYPES[torch.float64 if out.dtype == torch.float64 else torch.float32]
-    with gemshal.device_guard(out):
-        _arange_kernel.launch(
-            lambda meta: (cdiv(size, meta["BLOCK"]),),
-            (target, _bits(float(xs)) if floating else xs,
-             _bits(float(xd)) if floating else xd, size, size.bit_length()),
-            {"FLOAT": floating, "ACC": acc},
-        )
+    _arange_kernel.launch(
+        lambda meta: (cdiv(size, meta["BLOCK"]),),
+        (target, _bits(float(xs)) if floating else xs,
+         _bits(float(xd)) if floating else xd, size, size.bit_length()),
+        {"FLOAT": floating, "ACC": acc},
+    )
     if target is not out:
         cast_into(out, target)
     return out

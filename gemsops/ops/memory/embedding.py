@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
 from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
@@ -164,12 +163,11 @@ def _lookup(weight: Tensor, indices: Tensor, padding_idx: int = -1,
     n = flat.numel()
     out = torch.empty((n, D), dtype=weight.dtype, device=weight.device)
     if n and D:
-        with gemshal.device_guard(weight):
-            _embedding_kernel.launch(
-                lambda meta: (cdiv(n, meta["BLOCK_M"]),),
-                (flat, weight, out, n, V, D, *weight.stride()),
-                _NO_CONSTS,
-            )
+        _embedding_kernel.launch(
+            lambda meta: (cdiv(n, meta["BLOCK_M"]),),
+            (flat, weight, out, n, V, D, *weight.stride()),
+            _NO_CONSTS,
+        )
     # A 1-D index tensor gives the [n, D] result as allocated; others take its shape.
     return out if indices.dim() == 1 else out.view(*indices.shape, D)
 
@@ -246,21 +244,20 @@ def embedding_dense_backward(grad_output: Tensor, indices: Tensor, num_weights: 
     g = grad_output.reshape(n, D)
     if g.stride(1) != 1 or g.stride(0) != D:
         g = g.contiguous()
-    with gemshal.device_guard(dev):
-        for buf in (acc, count) if scale_grad_by_freq else (acc,):
-            total = buf.numel()
-            _zero_kernel[lambda meta, t=total: (cdiv(t, meta["BLOCK"]),)](buf, total)
-        if n:
-            if scale_grad_by_freq:
-                _count_kernel[lambda meta: (cdiv(n, meta["BLOCK"]),)](
-                    flat, count, n, V, int(padding_idx))
-            _scatter_kernel[lambda meta: (cdiv(n, meta["BLOCK_M"]),
-                                          cdiv(D, meta["BLOCK_D"]))](
-                g, flat, acc, n, V, D, int(padding_idx))
-        if not direct:
-            _finish_kernel[lambda meta: (cdiv(V, meta["BLOCK_M"]),
-                                         cdiv(D, meta["BLOCK_D"]))](
-                acc, count, out, V, D, SCALE=scale_grad_by_freq)
+    for buf in (acc, count) if scale_grad_by_freq else (acc,):
+        total = buf.numel()
+        _zero_kernel[lambda meta, t=total: (cdiv(t, meta["BLOCK"]),)](buf, total)
+    if n:
+        if scale_grad_by_freq:
+            _count_kernel[lambda meta: (cdiv(n, meta["BLOCK"]),)](
+                flat, count, n, V, int(padding_idx))
+        _scatter_kernel[lambda meta: (cdiv(n, meta["BLOCK_M"]),
+                                      cdiv(D, meta["BLOCK_D"]))](
+            g, flat, acc, n, V, D, int(padding_idx))
+    if not direct:
+        _finish_kernel[lambda meta: (cdiv(V, meta["BLOCK_M"]),
+                                     cdiv(D, meta["BLOCK_D"]))](
+            acc, count, out, V, D, SCALE=scale_grad_by_freq)
     return out
 
 

@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
 from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
@@ -98,13 +97,12 @@ def _launch(x: Tensor, out: Tensor, k: int, lower: bool, inplace: bool) -> None:
     M, N = out.shape[-2], out.shape[-1]
     k = max(-M, min(N, k))  # the same triangle, and a value that fits 32 bits
     int64 = max(n, _extent(x) + 1, _extent(out) + 1) >= 2**31
-    with gemshal.device_guard(out):
-        _triangle_kernel.launch(
-            lambda meta: (cdiv(n, meta["BLOCK"]),),
-            (x, out, n, M, N, k, sxb, x.stride(-2), x.stride(-1), sob, out.stride(-2),
-             out.stride(-1), n.bit_length()),
-            {"LOWER": lower, "INPLACE": inplace, "INT64": int64},
-        )
+    _triangle_kernel.launch(
+        lambda meta: (cdiv(n, meta["BLOCK"]),),
+        (x, out, n, M, N, k, sxb, x.stride(-2), x.stride(-1), sob, out.stride(-2),
+         out.stride(-1), n.bit_length()),
+        {"LOWER": lower, "INPLACE": inplace, "INT64": int64},
+    )
 
 
 def _triangle(x: Tensor, diagonal: int, out: Tensor | None, inplace: bool, lower: bool,

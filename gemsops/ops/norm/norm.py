@@ -152,13 +152,12 @@ def _forward(x: Tensor, normalized_shape: tuple[int, ...], weight: Tensor | None
     x2, stride_x = _as_rows(x, M, N)
     w, b = _flat(weight), _flat(bias)
     consts = _consts(rms, x.dtype, w is not None, b is not None)
-    with gemshal.device_guard(x):
-        _KERNELS[rms][0].launch(
-            lambda meta: (cdiv(M, meta["BLOCK_M"]),),
-            (x2, w if w is not None else x2, b if b is not None else x2, y, mean, rstd,
-             M, N, stride_x, N, float(eps)),
-            consts,
-        )
+    _KERNELS[rms][0].launch(
+        lambda meta: (cdiv(M, meta["BLOCK_M"]),),
+        (x2, w if w is not None else x2, b if b is not None else x2, y, mean, rstd,
+         M, N, stride_x, N, float(eps)),
+        consts,
+    )
     return y, mean, rstd
 
 
@@ -201,19 +200,18 @@ def _backward(dy: Tensor, x: Tensor, normalized_shape: tuple[int, ...], mean: Te
     if want_db:
         assert bias is not None
         db = torch.empty(bias.shape, dtype=bias.dtype, device=dev)
-    with gemshal.device_guard(x):
-        if parts:
-            _KERNELS[rms][1].launch(
-                (parts,),
-                (dy2, x2, w if w is not None else x2, mean_f, rstd_f,
-                 dx if dx is not None else x2, pw if pw is not None else rstd_f,
-                 pb if pb is not None else rstd_f, M, N, sdy, sx, N, rows_per),
-                _bwd_consts(rms, x.dtype, w is not None, want_dx, want_dw, want_db),
-            )
-        # No rows: no partials, and the column sums write zeros.
-        for part, out in ((pw, dw), (pb, db)):
-            if part is not None and out is not None and N:
-                _column_sum_kernel[lambda meta: (cdiv(N, meta["BLOCK_N"]),)](part, out, parts, N)
+    if parts:
+        _KERNELS[rms][1].launch(
+            (parts,),
+            (dy2, x2, w if w is not None else x2, mean_f, rstd_f,
+             dx if dx is not None else x2, pw if pw is not None else rstd_f,
+             pb if pb is not None else rstd_f, M, N, sdy, sx, N, rows_per),
+            _bwd_consts(rms, x.dtype, w is not None, want_dx, want_dw, want_db),
+        )
+    # No rows: no partials, and the column sums write zeros.
+    for part, out in ((pw, dw), (pb, db)):
+        if part is not None and out is not None and N:
+            _column_sum_kernel[lambda meta: (cdiv(N, meta["BLOCK_N"]),)](part, out, parts, N)
     return dx, dw, db
 
 

@@ -332,8 +332,7 @@ def launch_flat_planned(out: Tensor, args: Sequence[Any], n: int, meta: dict[str
     ``meta`` is passed to the kernel as it is and must not be changed afterwards: the
     fast path hands the same cached dict to every launch.
     """
-    with gemshal.device_guard(out):
-        _flat_kernel.launch(_grid(n), (out, args[0], args[1], args[2], n, n.bit_length()), meta)
+    _flat_kernel.launch(_grid(n), (out, args[0], args[1], args[2], n, n.bit_length()), meta)
 
 
 WIDEST = 2048
@@ -455,10 +454,9 @@ def launch_strided(out: Tensor, args: Sequence[Any], kinds: Sequence[int],
         block_c = min(launch_meta["BLOCK"], width)
         return (-(-cols // block_c) * -(-rows // (launch_meta["BLOCK"] // block_c)),)
 
-    with gemshal.device_guard(out):
-        _tiled_kernel.launch(grid, (out, args[0], args[1], args[2], rows, cols,
-                                    (rows * cols).bit_length(), *geo.sizes, *geo.strides),
-                             _keywords(meta, geo.consts))
+    _tiled_kernel.launch(grid, (out, args[0], args[1], args[2], rows, cols,
+                                (rows * cols).bit_length(), *geo.sizes, *geo.strides),
+                         _keywords(meta, geo.consts))
 
 
 def _launch_materialized(out: Tensor, args: Sequence[Any], kinds: Sequence[int],

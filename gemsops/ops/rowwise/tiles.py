@@ -120,19 +120,18 @@ def launch(
     """
     src, m, n, k, stride_m, stride_n = lay
     tail = () if parts is None else (parts,)
-    with gemshal.device_guard(src):
-        if k == 1:
-            rows_kernel.launch(
-                lambda meta: (cdiv(m, meta["BLOCK_M"]), *tail),
-                (src, *pointers, m, n, stride_m, stride_n, *scalars),
-                consts,
-            )
-        else:
-            mid_kernel.launch(
-                lambda meta: (m * cdiv(k, meta["BLOCK_K"]), *tail),
-                (src, *pointers, m, n, k, stride_m, stride_n, *scalars),
-                consts,
-            )
+    if k == 1:
+        rows_kernel.launch(
+            lambda meta: (cdiv(m, meta["BLOCK_M"]), *tail),
+            (src, *pointers, m, n, stride_m, stride_n, *scalars),
+            consts,
+        )
+    else:
+        mid_kernel.launch(
+            lambda meta: (m * cdiv(k, meta["BLOCK_K"]), *tail),
+            (src, *pointers, m, n, k, stride_m, stride_n, *scalars),
+            consts,
+        )
 
 
 def wide_split(lay: Layout, width: int) -> tuple[int, int]:
