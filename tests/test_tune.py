@@ -168,6 +168,7 @@ def test_compiled_rules_agree_with_evaluation(expr: object, args: dict[str, int]
     assert _outcome(rule.compile(), args) == _outcome(rule, args)
 
 
+_ADD = "[ops.add]\nconfigs = [{ BLOCK = 1 }]\n"
 MALFORMED = [
     ("[ops.add\nconfigs = 1\n", "line 1"),
     ("[ops.add]\nconfigs = [{ BLOCK = 1, num_wraps = 4 }]\n", "num_wraps"),
@@ -193,6 +194,17 @@ MALFORMED = [
     ("op = 1\n", "'op'"),
     ("unused = [1]\n", "unused"),
     ("version = 2\n", "version"),
+    ("[ops.add]\nconfigs = [{ BLOCK = 1 }]\ntable = { N = 4 }\n", "table"),
+    ("[ops.add]\nconfigs = [{ BLOCK = 1 }]\ntable = [{ N = 4 }]\n", "'config'"),
+    ("[ops.add]\nconfigs = [{ BLOCK = 1 }]\ntable = [{ config = { BLOCK = 1 } }]\n", "key value"),
+    (f"{_ADD}table = [{{ N = 4, dtype = 3, config = {{ BLOCK = 1 }} }}]\n", "dtype"),
+    (f"{_ADD}table = [{{ N = 1.5, config = {{ BLOCK = 1 }} }}]\n", "'N'"),
+    (f"{_ADD}table = [{{ N = 4, config = {{ BLOCK = 3 }} }}]\n", "BLOCK"),
+    ("[ops.add]\nconfigs = [{ BLOCK = 1 }]\ntable = [{ N = 4, config = { BLOCK = 1 } }, "
+     "{ N = 4, config = { BLOCK = 2 } }]\n", "repeats the bucket of row 0"),
+    ("[ops.add.heuristics]\nEVEN = false\n[ops.add]\ntable = [{ N = 4, config = { BLOCK = 1 } }]"
+     "\n",
+     "'table' needs 'configs'"),
 ]
 
 
@@ -207,6 +219,20 @@ def test_malformed_file_raises_config_error_naming_file_and_key(
         tune.lookup("add", context=CTX)
     assert str(path) in str(info.value)
     assert key in str(info.value)
+
+
+def test_table_rows_parse_and_round_trip(tune_dir: Path) -> None:
+    """A table row keeps its bucket (sorted by name), dtype and config, and as_dict() gives
+    the TOML table back."""
+    (tune_dir / "default.toml").write_text(
+        "[ops.add]\nconfigs = [{ BLOCK = 1 }]\n"
+        "table = [{ N = 4, M = 2, dtype = 'bfloat16', config = { BLOCK = 8, num_warps = 2 } }]\n"
+    )
+    (row,) = tune.lookup("add", context=CTX).table
+    assert row.when == (("M", 2), ("N", 4)) and row.dtype == "bfloat16"
+    assert row.config == TuneConfig({"BLOCK": 8}, num_warps=2)
+    assert row.as_dict() == {"M": 2, "N": 4, "dtype": "bfloat16",
+                             "config": {"BLOCK": 8, "num_warps": 2}}
 
 
 def test_grid_too_large_is_refused() -> None:

@@ -39,8 +39,8 @@ import sys
 import threading
 import time
 import weakref
-from types import MappingProxyType
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch

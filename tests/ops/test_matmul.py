@@ -130,9 +130,13 @@ def test_split_k_matches_unsplit(data: st.DataObject, m: int, n: int, k: int, sp
 
 def test_split_k_chosen_for_decode_shapes() -> None:
     """The host splits K (a power of two, at most 16) only for an unbatched small-M, long-K
-    product whose narrowest tiles would leave more than half the multiprocessors idle."""
-    split = MM._split_k(1, 1, 128, 16384, 132)
+    product whose narrowest tiles would leave more than half the multiprocessors idle and
+    whose weight has at least SPLIT_MIN_WEIGHT elements."""
+    split = MM._split_k(1, 1, 512, 16384, 132)
     assert 2 <= split <= 16 and split & (split - 1) == 0
+    # a 1024 x 1024 weight: the reduction's launch would cost more host time than it saves
+    assert MM._split_k(1, 16, 1024, 1024, 132) == 1
+    assert MM._split_k(1, 1, 128, 16384, 132) == 1  # 2M weight elements: under the floor
     assert MM._split_k(1, 16, 4096, 4096, 132) == 1  # 128 tiles of 32 columns fill it
     assert MM._split_k(1, 1, 128, 16384, 1) == 1  # one multiprocessor: nothing to fill
     assert MM._split_k(2, 1, 128, 16384, 132) == 1  # batched

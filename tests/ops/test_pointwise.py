@@ -18,6 +18,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import gemshal
 from gemsops import declare, registry
 from gemsops.errors import Unsupported
 from gemsops.ops.pointwise import activation as act
@@ -713,3 +714,21 @@ def test_gelu_tanh_is_the_tanh_form() -> None:
         assert got_s[3] == 0 and got_s[3].signbit()
         assert got_s[4] == 1e4 or dtype == torch.float16  # float16: 1e4 itself rounds
         assert got_s[5] == 0 and got_s[5].signbit()
+
+
+def test_python_float_promotion_follows_the_default_dtype_after_a_change() -> None:
+    """An integer tensor plus a Python float takes the default dtype in force at the call,
+    also after the same op ran under another default (the cached plan is keyed by it)."""
+    x = torch.arange(3, device=gemshal.current_device().torch_device)
+    saved = torch.get_default_dtype()
+    try:
+        with registry.use_gems():
+            first = (x + 2.5).dtype
+            torch.set_default_dtype(torch.float64)
+            second = x + 2.5
+            torch.set_default_dtype(torch.float32)
+            third = (x + 2.5).dtype
+    finally:
+        torch.set_default_dtype(saved)
+    assert (first, second.dtype, third) == (torch.float32, torch.float64, torch.float32)
+    torch.testing.assert_close(second.cpu(), torch.arange(3, dtype=torch.float64) + 2.5)

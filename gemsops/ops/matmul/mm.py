@@ -172,6 +172,10 @@ def _scalar(value: Any, name: str) -> float:
     return float(value)
 
 
+SPLIT_MIN_WEIGHT = 1 << 22
+"""Fewest weight elements (N x K) a decode product splits K for (4M: 8 MB in bf16)."""
+
+
 def _split_k(batch: int, M: int, N: int, K: int, sms: int) -> int:
     """How many programs share each output tile along K (1: no split).
 
@@ -179,8 +183,14 @@ def _split_k(batch: int, M: int, N: int, K: int, sms: int) -> int:
     even 32-column tiles would leave more than half the multiprocessors idle, splitting
     K multiplies the programs. The split stays a power of two and leaves >= 512 of K
     per split. (On the H200, 4096- and 14336-wide weights ran fastest unsplit.)
+
+    Products with fewer than :data:`SPLIT_MIN_WEIGHT` weight elements are never split:
+    their kernel takes a few microseconds either way, and the split's second launch (the
+    partial sums' reduction) costs more host time than that (on the H200 a 16x1024 by
+    1024x1024 linear took 80-94 us to issue split in two, against 36 us for one launch
+    of a 64^3 product).
     """
-    if batch != 1 or M > 64 or K < 1024:
+    if batch != 1 or M > 64 or K < 1024 or N * K < SPLIT_MIN_WEIGHT:
         return 1
     tiles = cdiv(M, 16) * cdiv(N, 32)
     if 2 * tiles > sms:

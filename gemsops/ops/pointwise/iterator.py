@@ -293,7 +293,11 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
                 return None
             key.append(x.dtype)
         else:
-            key.append(type(x))
+            kind = type(x)
+            key.append(kind)
+            if kind is float or kind is complex:
+                # A Python float promotes to the default dtype: part of the plan's key.
+                key.append(torch.get_default_dtype())
     if first is None:  # a fill: the output alone gives the layout
         if out is None or out.layout is not torch.strided or not out.is_contiguous():
             return None

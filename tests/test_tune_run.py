@@ -1,0 +1,145 @@
+"""`gemsops tune` and `gemsops bench --host` on the CPU, and the stubbed launch they rely on."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fake_kernels import FakeJit
+from strategies_tune import fresh_tune
+
+from gemshal import tune
+from gemshal.errors import ConfigError
+from gemshal.kernel import decorator, kernel, launcher, stub_launches
+from gemshal.tune_format import TuneSource, loads
+from gemsops import registry
+from gemsops.cli import main
+
+
+def test_tune_writes_a_file_whose_rows_the_kernels_then_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gemsops tune` runs the model case once and writes a tuning file (on the interpreter:
+    the entry's first config per bucket, since nothing can be benchmarked there); given as
+    GEMS_TUNE_CONFIG, the file loads as the user's file and the same workload meets every
+    bucket it names."""
+    monkeypatch.delenv("GEMS_TUNE_CONFIG", raising=False)
+    monkeypatch.setenv("GEMS_AUTOTUNE", "0")  # tune sets "all" for its run; restored below
+    out = tmp_path / "tuned.toml"
+    try:
+        assert main(["tune", "--out", str(out)]) == 0
+    finally:
+        os.environ["GEMS_AUTOTUNE"] = "0"  # monkeypatch restores the original at teardown
+        tune.clear_cache()
+    printed = capsys.readouterr().out
+    assert f"-> {out}" in printed
+    parsed = loads(out.read_text(), TuneSource(out, "user", "test"))
+    ops = set(parsed.ops)
+    assert {"mm", "rms_norm", "softmax_rows", "cross_entropy"} <= ops
+    for op_name, entry in parsed.ops.items():
+        assert entry.table, op_name
+        first = tune.lookup(op_name).configs[0]
+        assert all(row.config.meta == first.meta for row in entry.table), op_name
+    monkeypatch.setenv("GEMS_TUNE_CONFIG", str(out))
+    tune.clear_cache()
+    try:
+        from gemsops import bench_model
+
+        assert tune.lookup("mm").source.level == "user"
+        with registry.use_gems():
+            bench_model.run_once(bench_model.TINY_CONFIG)
+        # Under the interpreter the pinned config runs; what matters is that every bucket
+        # the file names was met again (the same workload, the same buckets).
+        met = {(c["op"], str(sorted(c["when"].items()))) for c in decorator.choices()}
+        named = {(op_name, str(sorted(dict(row.when).items())))
+                 for op_name, entry in parsed.ops.items() for row in entry.table}
+        assert named <= met
+    finally:
+        monkeypatch.delenv("GEMS_TUNE_CONFIG")
+        tune.clear_cache()
+
+
+def test_tune_refuses_an_unwritable_output_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An output path in a missing folder, or a folder, fails at once with one line."""
+    assert main(["tune", "--out", str(tmp_path / "no" / "x.toml")]) == 2
+    assert "no writable folder" in capsys.readouterr().err
+    assert main(["tune", "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["tune", "--out", str(tmp_path / "x.toml"), "--script", "/no/such.py"]) == 2
+    assert "no script" in capsys.readouterr().err
+
+
+def test_bench_host_times_every_case_with_the_launch_stubbed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gemsops bench --host` on the CPU times torch and the stubbed gemsops path for each
+    case of the eager-speed table, every gemsops side served, and writes JSON."""
+    out = tmp_path / "host.json"
+    assert main(["bench", "--host", "--calls", "3", "--json", str(out),
+                 "--match", "^(add|softmax|rms_norm 64x1024|mm)"]) == 0
+    printed = capsys.readouterr().out
+    assert "launch stubbed" in printed
+    result = json.loads(out.read_text())
+    assert result["stubbed"] is True
+    cases = {r["case"] for r in result["rows"]}
+    assert cases == {"add 1024", "softmax 64x1024", "rms_norm 64x1024", "mm 64^3"}
+    for row in result["rows"]:
+        assert row["torch_us"] > 0 and row["gemsops_us"] > 0
+        assert row["served"] and not row["handed_back"], row
+
+
+def test_stubbed_launches_take_the_direct_path_and_write_nothing() -> None:
+    """Under stub_launches a served op runs its whole host path through the direct
+    launcher (one compile, one check, then direct launches) and the kernel writes nothing."""
+    x = torch.ones(1000)
+    with stub_launches(), registry.use_gems():
+        for _ in range(5):
+            out = torch.neg(x)
+    assert out.shape == x.shape
+    stubs = [s for s in launcher._STUBS.values() if s.counts["direct"]]
+    assert stubs, "no stubbed launcher took the direct path"
+    assert all(s.disabled is None for s in stubs)
+    assert sum(s.counts["jit"] for s in stubs) >= 2  # the entry was made and then checked
+    with registry.use_gems():
+        assert torch.equal(torch.neg(x), -x)  # after the block, kernels run again
+
+
+def test_progress_line_shows_a_slow_first_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With GEMS_PROGRESS=1 a first launch taking over half a second writes a line naming
+    the op while it runs and one with its time after; a fast one writes nothing; a bad
+    GEMS_PROGRESS value is an error naming it."""
+
+    class Slow(FakeJit):
+        delay = 0.8
+
+        def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+            time.sleep(self.delay)
+            super().run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    gpu = tune.TuneContext(vendor="nvidia", arch="sm90", interpreter=False)
+    monkeypatch.setattr(tune, "current_context", lambda: gpu)
+    monkeypatch.setenv("GEMS_PROGRESS", "1")
+    with fresh_tune():
+        tune.add_tune_dir(tmp_path, origin="tests")
+        (tmp_path / "nvidia.toml").write_text("[ops.slow]\nconfigs = [{ BLOCK = 64 }]\n")
+        slow = Slow()
+        k = kernel("slow", key=["n"])(slow)
+        k[(1,)](torch.empty(4), 100)
+        err = capsys.readouterr().err
+        assert "gemshal: compiling slow (float32, n=128) ..." in err
+        assert "gemshal: compiling slow (float32, n=128): 0.8 s" in err
+        slow.delay = 0.0
+        k[(1,)](torch.empty(4), 5000)  # a new bucket, fast: no line
+        assert capsys.readouterr().err == ""
+        monkeypatch.setenv("GEMS_PROGRESS", "maybe")
+        with pytest.raises(ConfigError, match=r"GEMS_PROGRESS.*'maybe'"):
+            k[(1,)](torch.empty(4), 100000)
