@@ -531,3 +531,55 @@ def test_shipped_tune_files_name_gemsops_kernels_and_their_arguments() -> None:
                            *rows):
                 unknown = {k for k, _ in config.meta} - kernels[op]
                 assert not unknown, f"{path.name}: [ops.{op}] sets {unknown}"
+
+
+class _OnDeviceOne(torch.Tensor):
+    """A CPU tensor that says it lives on device 1 (the wing reads get_device())."""
+
+    def get_device(self) -> int:  # type: ignore[override]
+        return 1
+
+
+def test_a_tensor_on_another_device_is_launched_under_its_guard(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With device 0 current, a launch whose first tensor is on device 1 enters
+    device_guard for it, launches inside, and leaves the current device as it was; a
+    tensor on the current device launches without a guard."""
+    import contextlib
+
+    from gemshal import device as device_mod
+
+    (gpu_dir / "nvidia.toml").write_text("[ops.k]\nconfigs = [{ BLOCK = 64 }]\n")
+    current = [0]
+    guarded: list[int] = []
+
+    @contextlib.contextmanager
+    def guard(_device: Any) -> Iterator[None]:
+        before = current[0]
+        current[0] = 1
+        guarded.append(current[0])
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    monkeypatch.setattr(device_mod, "device_guard", guard)
+    monkeypatch.setattr(device_mod, "device_module",
+                        lambda: SimpleNamespace(current_device=lambda: current[0]))
+
+    class Recording(FakeJit):
+        def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+            self.launches.append({"device": current[0], **kwargs})
+
+    fake = Recording()
+    k = declare("k", key=["n"])(fake)
+    k[(1,)](torch.empty(4).as_subclass(_OnDeviceOne), 4)
+    assert guarded == [1] and fake.launches[-1]["device"] == 1 and current == [0]
+
+    class OnZero(torch.Tensor):
+        def get_device(self) -> int:  # type: ignore[override]
+            return 0
+
+    k[(1,)](torch.empty(4).as_subclass(OnZero), 4)
+    assert guarded == [1] and fake.launches[-1]["device"] == 0
