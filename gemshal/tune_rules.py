@@ -5,7 +5,7 @@ value of ``triton.heuristics``. An expression is a constant (integer, float or
 boolean), a string naming a kernel argument, or a one-key table applying a
 function to operands: ``{ divisible = ["K", "BLOCK_K"] }``. The language is kept
 this small on purpose; rules it cannot express are Python callables passed to
-:func:`gemshal.autotune.heuristics`.
+``rules=`` of :func:`gemshal.kernel.decorator.kernel`.
 """
 
 from __future__ import annotations

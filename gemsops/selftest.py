@@ -556,9 +556,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--tune",
         action="store_true",
-        help="benchmark the tuning configs as a model run would (default: launch each "
-        "kernel's first config, as GEMS_AUTOTUNE=0 does: the check is of results, and "
-        "tuning every drawn shape would take most of its time)",
+        help="benchmark every size bucket's configs, as GEMS_AUTOTUNE=all does (default: "
+        "launch the tuning tables' configs, benchmarking nothing: the check is of results, "
+        "and tuning every drawn shape would take most of its time)",
     )
     p.set_defaults(run=main)
 
@@ -597,8 +597,10 @@ def _selected(args: argparse.Namespace) -> tuple[list[Case], list[torch.dtype] |
 def main(args: argparse.Namespace) -> int:
     """Run the self-test; print a row per op and dtype and a summary. 1 when any failed."""
     cases, dtypes = _selected(args)
-    if not getattr(args, "tune", False) and AUTOTUNE_ENV not in os.environ:
-        os.environ[AUTOTUNE_ENV] = "0"  # this process only: the command exits after
+    if AUTOTUNE_ENV not in os.environ:
+        # This process only (the command exits after): --tune benchmarks every bucket as
+        # a tuning run would; otherwise the tables' configs, nothing benchmarked.
+        os.environ[AUTOTUNE_ENV] = "all" if getattr(args, "tune", False) else "0"
     dev = gemshal.current_device()
     print(f"gemsops selftest on {dev.vendor.display_name} ({dev.name}), {args.examples} examples")
     for overload, where in registry.overrides().items():

@@ -55,8 +55,8 @@ from gemshal.tune_format import LAUNCH_KEYS, OpTuning, TuneConfig
 __all__ = ["PROGRESS_ENV", "Kernel", "Rule", "choices", "kernel", "tuned"]
 
 Rule = Callable[[Mapping[str, Any]], Any]
-"""A Python heuristic: ``{name: value}`` of the key arguments, constants and config ->
-the keyword's value."""
+# A Python heuristic: {name: value} of the key arguments, constants and config -> the
+# keyword's value.
 
 PROGRESS_ENV = "GEMS_PROGRESS"
 _PRUNE_KEYS = ("early_config_prune", "perf_model", "top_k")

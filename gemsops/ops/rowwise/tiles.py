@@ -111,7 +111,7 @@ def launch(
 ) -> None:
     """Launch ``rows_kernel`` (``lay.K == 1``) or ``mid_kernel`` over ``lay``.
 
-    Both are :mod:`gemshal.autotune` kernels, launched through their ``launch`` with
+    Both are :mod:`gemshal.kernel` kernels, launched through their ``launch`` with
     the arguments as one tuple; ``consts`` is passed on as it is (callers keep one dict
     per constant set and never change it). The kernels take ``(lay.src, *pointers, M,
     N[, K], stride_m, stride_n, *scalars, **consts)``; their grid is the row blocks
