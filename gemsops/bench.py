@@ -34,7 +34,7 @@ import gemshal
 from gemshal.kernel import tuned
 from gemsops import registry
 
-__all__ = ["BenchCase", "add_parser", "cases", "flag_gems", "main", "sides_of"]
+__all__ = ["BenchCase", "add_parser", "cases", "flag_gems", "main", "output_problem", "sides_of"]
 
 Thunk = Callable[[], Any]
 
@@ -635,6 +635,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--calls", type=int, default=500, help="with --host: calls per timing (default 500)"
     )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="only the model case's first step in fresh processes: torch, gemsops with an "
+        "empty Triton cache, then with the cache that run filled",
+    )
     p.set_defaults(run=main)
 
 
@@ -744,6 +750,15 @@ def _save(result: dict[str, Any], path: str | None) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark and print the table; write JSON and a plot when asked."""
+    for path in (args.json, args.plot):
+        problem = output_problem(path)
+        if problem:
+            raise SystemExit(f"gemsops bench: {problem}")
+    if args.cold:
+        from gemsops import bench_cold
+
+        bench_cold.report(bench_cold.measure_cold(), args.json)
+        return 0
     if args.host:
         from gemsops import bench_host
 
@@ -757,6 +772,23 @@ def main(args: argparse.Namespace) -> int:
     if args.plot and not _plot(result["rows"], args.plot, _model_lines(result)):
         print("gemsops bench: matplotlib is not installed; no plot written", file=sys.stderr)
     return 0
+
+
+def output_problem(path: str | None) -> str | None:
+    """Why ``path`` cannot be written (checked before a run, not after it), or None."""
+    if path is None:
+        return None
+    import os
+
+    full = os.path.abspath(path)
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        return f"cannot write {path!r}: it is a directory"
+    if not os.path.isdir(folder):
+        return f"cannot write {path!r}: folder {folder!r} does not exist"
+    if not os.access(folder, os.W_OK) or (os.path.exists(full) and not os.access(full, os.W_OK)):
+        return f"cannot write {path!r}: permission denied"
+    return None
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

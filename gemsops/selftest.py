@@ -596,6 +596,11 @@ def _selected(args: argparse.Namespace) -> tuple[list[Case], list[torch.dtype] |
 
 def main(args: argparse.Namespace) -> int:
     """Run the self-test; print a row per op and dtype and a summary. 1 when any failed."""
+    from gemsops.bench import output_problem
+
+    problem = output_problem(args.json)
+    if problem:
+        raise SystemExit(f"gemsops selftest: {problem}")
     cases, dtypes = _selected(args)
     if AUTOTUNE_ENV not in os.environ:
         # This process only (the command exits after): --tune benchmarks every bucket as

@@ -172,12 +172,12 @@ def add_parser(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Check the output path, run the workload, write the file and a summary."""
+    from gemsops.bench import output_problem
+
     out = os.path.abspath(args.out)
-    folder = os.path.dirname(out)
-    if os.path.isdir(out) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        print(f"gemsops tune: cannot write {args.out!r}: "
-              f"{'it is a directory' if os.path.isdir(out) else 'no writable folder there'}",
-              file=sys.stderr)
+    problem = output_problem(args.out)
+    if problem:
+        print(f"gemsops tune: {problem}", file=sys.stderr)
         return 2
     if args.script is not None and not os.path.isfile(args.script):
         print(f"gemsops tune: no script at {args.script!r}", file=sys.stderr)

@@ -198,3 +198,31 @@ def test_bench_errors_when_the_filters_select_nothing() -> None:
     args = argparse.Namespace(ops=op, dtypes=sorted(others)[0], match=None)
     with pytest.raises(SystemExit, match="no case has"):
         list(bench._filtered(all_cases, args))
+
+
+def test_bench_cold_times_fresh_processes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gemsops bench --cold` runs the model case's first step in three fresh processes
+    (torch, gemsops with an empty Triton cache, gemsops with that cache) and reports each."""
+    out = tmp_path / "cold.json"
+    assert main(["bench", "--cold", "--json", str(out)]) == 0
+    assert "first step of the model case in a fresh process" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert set(result) == {"torch", "gemsops cold", "gemsops warm"}
+    for side, row in result.items():
+        assert "error" not in row, (side, row)
+        assert row["step_s"] > 0 and row["import_s"] > 0
+
+
+@pytest.mark.parametrize("command", ["bench", "selftest"])
+def test_unwritable_json_paths_fail_before_the_run(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --json path in a missing folder, or a folder, is a one-line error before anything
+    runs (not a traceback after the whole run)."""
+    for path, why in ((tmp_path / "no" / "x.json", "does not exist"), (tmp_path, "directory")):
+        with pytest.raises(SystemExit) as info:
+            main([command, "--json", str(path)])
+        assert why in str(info.value) and str(path) in str(info.value)
+    assert capsys.readouterr().out == ""  # nothing ran

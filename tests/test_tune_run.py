@@ -69,7 +69,7 @@ def test_tune_refuses_an_unwritable_output_before_running(
 ) -> None:
     """An output path in a missing folder, or a folder, fails at once with one line."""
     assert main(["tune", "--out", str(tmp_path / "no" / "x.toml")]) == 2
-    assert "no writable folder" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
     assert main(["tune", "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
     assert main(["tune", "--out", str(tmp_path / "x.toml"), "--script", "/no/such.py"]) == 2
