@@ -583,3 +583,64 @@ def test_a_tensor_on_another_device_is_launched_under_its_guard(
 
     k[(1,)](torch.empty(4).as_subclass(OnZero), 4)
     assert guarded == [1] and fake.launches[-1]["device"] == 0
+
+    class ParameterOnOne(torch.nn.Parameter):
+        def get_device(self) -> int:  # type: ignore[override]
+            return 1
+
+    # A Tensor subclass (a parameter) on device 1 is guarded too.
+    k[(1,)](ParameterOnOne(torch.empty(4)), 4)
+    assert guarded == [1, 1] and fake.launches[-1]["device"] == 1 and current == [0]
+
+
+def test_direct_launches_check_the_device_too(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the direct path (here the stubbed launcher), a launch whose entry is made and
+    checked still goes under the guard when its first tensor is on another device."""
+    import contextlib
+
+    from gemshal import device as device_mod
+    from gemshal.kernel import launcher as launcher_mod
+
+    (gpu_dir / "nvidia.toml").write_text("[ops.k]\nconfigs = [{ BLOCK = 64 }]\n")
+    current = [0]
+    fired: list[int] = []
+
+    @contextlib.contextmanager
+    def guard(_device: Any) -> Iterator[None]:
+        before, current[0] = current[0], 1
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    def body(x: Any, n: Any, BLOCK: tl.constexpr) -> None:  # noqa: F821
+        return None
+
+    class WithConstexpr(FakeJit):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fn = body
+
+    class Runtime(launcher_mod._StubRuntime):
+        @staticmethod
+        def get_device() -> int:
+            return current[0]
+
+    monkeypatch.setattr(device_mod, "device_guard", guard)
+    monkeypatch.setattr(launcher_mod, "_StubRuntime", Runtime)
+    monkeypatch.setattr(launcher_mod._StubKernel, "run",
+                        staticmethod(lambda *a: fired.append(current[0])))
+    monkeypatch.setattr(launcher_mod, "_STUBBED", [True])
+    tune.clear_cache()
+    k = declare("k", key=["n"])(WithConstexpr())
+    for _ in range(3):  # make the entry, check it, then launch it directly on device 0
+        k[(1,)](torch.empty(4), 4)
+    assert fired == [0]
+    there = torch.empty(4).as_subclass(_OnDeviceOne)
+    for _ in range(3):  # device 0's entry is ready, but this tensor is on device 1
+        k[(1,)](there, 4)
+    stub = launcher_mod._STUBS[id(k.fn)]
+    assert stub.counts["direct"] == 2 and stub.disabled is None
+    assert fired == [0, 1] and current == [0]

@@ -275,8 +275,10 @@ class Kernel:
         if launcher is not None:
             device, key, entry = launcher.lookup(args, kwargs, extra)
             if entry is not None and entry.verified:
+                # The guard check: the first argument's device (a parameter is a
+                # Tensor subclass, so isinstance, not a type test).
                 first = args[0] if n else None
-                if type(first) is not torch.Tensor or first.get_device() in (device, -1):
+                if not isinstance(first, torch.Tensor) or first.get_device() in (device, -1):
                     return launcher.fire(entry, grid, args, device)
             return self._slow(state, grid, args, kwargs, extra, device, key, entry)
         return self._slow(state, grid, args, kwargs, extra, -1, None, None)
