@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from gemshal import tune as _tune
+from gemshal.errors import ConfigError
 from gemshal.tune_format import TuneConfig
 
 __all__ = ["add_parser", "config_main"]
@@ -150,6 +152,8 @@ def config_main(args: argparse.Namespace) -> int:
     if (args.vendor is None) != (args.arch is None):
         parser.error("--vendor and --arch go together")
     for directory in args.dir:
+        if not os.path.isdir(directory):
+            raise ConfigError(f"--dir {directory!r}: no such directory")
         _tune.add_tune_dir(directory, origin="--dir")
     ctx = _context(args)
     if args.list:

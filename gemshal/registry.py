@@ -192,7 +192,10 @@ def vendor(name: str) -> VendorInfo:
     import difflib  # only on the error path: keeps import gemshal light
 
     known = sorted(_STATE.vendors)
-    close = difflib.get_close_matches(str(name), known, n=1)
+    # Vendor names are lower-case: a name that differs only in case ("CPU") is matched
+    # case-blind first.
+    folded = [k for k in known if k == str(name).lower()]
+    close = folded or difflib.get_close_matches(str(name).lower(), known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownVendorError(f"unknown vendor {name!r}; known vendors: {', '.join(known)}.{hint}")
 

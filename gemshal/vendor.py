@@ -28,10 +28,86 @@ _DIST_BACKENDS = ("nccl", "rccl", "xccl", "hccl", "cncl", "mccl", "bkcl", "gloo"
 
 
 def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    # A lone string is left as it is, for the validator to refuse by name: tuple("abc")
+    # would be ("a", "b", "c"), and a command or directory list of letters.
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        return value  # type: ignore[return-value]
     return tuple(value)
 
 
+def _check_strs(_inst: object, attribute: attrs.Attribute[tuple[str, ...]], value: object) -> None:
+    if isinstance(value, str):
+        raise TypeError(
+            f"{attribute.name} must be a tuple of strings; got the string {value!r} "
+            f"(write ({value!r},) for one)"
+        )
+    if not isinstance(value, tuple) or not all(isinstance(v, str) and v for v in value):
+        raise TypeError(f"{attribute.name} must be a tuple of non-empty strings; got {value!r}")
+
+
+def _check_str(_inst: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{attribute.name} must be a string; got {type(value).__name__} {value!r}")
+
+
+def _check_label(_inst: object, attribute: attrs.Attribute[str], value: object) -> None:
+    _check_str(_inst, attribute, value)
+    if not value:
+        raise ValueError(f"{attribute.name} must be a non-empty string; got ''")
+
+
+def _check_capabilities(
+    _inst: object, attribute: attrs.Attribute[Capabilities], value: object
+) -> None:
+    if not isinstance(value, Capabilities):
+        raise TypeError(
+            f"{attribute.name} must be a gemshal.Capabilities record, e.g. "
+            f"Capabilities(fp64=False); got {type(value).__name__} {value!r}"
+        )
+
+
+def _check_optional_str(
+    _inst: object, attribute: attrs.Attribute[str | None], value: object
+) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise TypeError(
+            f"{attribute.name} must be a non-empty string or None; got "
+            f"{type(value).__name__} {value!r}"
+        )
+
+
+def _check_bool(_inst: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if type(value) is not bool:
+        raise TypeError(
+            f"{attribute.name} must be True or False; got {type(value).__name__} {value!r}"
+        )
+
+
+def _check_int(_inst: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int:
+        raise TypeError(
+            f"{attribute.name} must be an integer; got {type(value).__name__} {value!r}"
+        )
+
+
+def _check_capability(
+    _inst: object, attribute: attrs.Attribute[tuple[int, int] | None], value: object
+) -> None:
+    if value is None:
+        return
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or not all(type(v) is int and v >= 0 for v in value)
+    ):
+        raise TypeError(
+            f"{attribute.name} must be a (major, minor) tuple of two non-negative integers "
+            f"such as (9, 0), or None; got {value!r}"
+        )
+
+
 def _check_name(_inst: object, attribute: attrs.Attribute[str], value: str) -> None:
+    _check_str(_inst, attribute, value)
     if not _NAME.match(value):
         raise ValueError(
             f"{attribute.name} must be lower-case letters, digits or '_', "
@@ -54,7 +130,8 @@ def _check_launch_options(
 def _check_nonempty_strs(
     _inst: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
 ) -> None:
-    if not value or not all(isinstance(v, str) and v for v in value):
+    _check_strs(_inst, attribute, value)
+    if not value:
         raise ValueError(f"{attribute.name} must be a non-empty tuple of names; got {value!r}")
 
 
@@ -62,10 +139,10 @@ def _check_nonempty_strs(
 class Capabilities:
     """Which data types the vendor's Triton backend handles natively."""
 
-    fp64: bool = True
-    bf16: bool = True
-    int64: bool = True
-    fp8: bool = False
+    fp64: bool = attrs.field(default=True, validator=_check_bool)
+    bf16: bool = attrs.field(default=True, validator=_check_bool)
+    int64: bool = attrs.field(default=True, validator=_check_bool)
+    fp8: bool = attrs.field(default=False, validator=_check_bool)
 
     def supports(self, dtype: torch.dtype) -> bool:
         """Whether kernels may compute in ``dtype`` on this backend.
@@ -137,9 +214,11 @@ class ArchFeatures:
         archs: Architecture tags that have them.
     """
 
-    features: tuple[str, ...] = attrs.field(converter=_str_tuple, validator=_check_features)
-    min_capability: tuple[int, int] | None = None
-    archs: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    features: tuple[str, ...] = attrs.field(
+        converter=_str_tuple, validator=[_check_strs, _check_features]
+    )
+    min_capability: tuple[int, int] | None = attrs.field(default=None, validator=_check_capability)
+    archs: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple, validator=_check_strs)
 
     def applies(self, arch: Arch) -> bool:
         """Whether ``arch`` is in this rule's range."""
@@ -152,6 +231,13 @@ class ArchFeatures:
 
 
 def _rules_tuple(value: Iterable[ArchFeatures]) -> tuple[ArchFeatures, ...]:
+    if isinstance(value, ArchFeatures):
+        raise TypeError(
+            f"arch_features takes a tuple of ArchFeatures rules; got one rule "
+            f"{value!r} (write (rule,))"
+        )
+    if not isinstance(value, Iterable) or isinstance(value, str | bytes):  # type: ignore[unreachable]
+        raise TypeError(f"arch_features takes a tuple of ArchFeatures rules; got {value!r}")
     rules = tuple(value)
     for rule in rules:
         if not isinstance(rule, ArchFeatures):
@@ -197,23 +283,31 @@ class VendorInfo:
     """
 
     name: str = attrs.field(validator=_check_name)
-    display_name: str = attrs.field(validator=attrs.validators.min_len(1))
+    display_name: str = attrs.field(validator=_check_label)
     device_type: str = attrs.field(validator=_check_name)
-    dispatch_key: str = attrs.field(validator=attrs.validators.min_len(1))
+    dispatch_key: str = attrs.field(validator=_check_label)
     triton_backends: tuple[str, ...] = attrs.field(
         converter=_str_tuple, validator=_check_nonempty_strs
     )
-    torch_module: str | None = None
-    device_module_name: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
-    visible_devices_env: str | None = None
+    torch_module: str | None = attrs.field(default=None, validator=_check_optional_str)
+    device_module_name: str = attrs.field(default="", validator=_check_str)
+    visible_devices_env: str | None = attrs.field(default=None, validator=_check_optional_str)
     dist_backend: str = attrs.field(default="gloo", validator=attrs.validators.in_(_DIST_BACKENDS))
-    capabilities: Capabilities = attrs.field(factory=Capabilities)
-    command_probe: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
-    probe: Probe | None = attrs.field(default=None, repr=False)
-    tune_dirs: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
-    warp_size: int = attrs.field(default=32, validator=attrs.validators.gt(0))
+    capabilities: Capabilities = attrs.field(factory=Capabilities, validator=_check_capabilities)
+    command_probe: tuple[str, ...] = attrs.field(
+        default=(), converter=_str_tuple, validator=_check_strs
+    )
+    probe: Probe | None = attrs.field(
+        default=None,
+        repr=False,
+        validator=attrs.validators.optional(attrs.validators.is_callable()),
+    )
+    tune_dirs: tuple[str, ...] = attrs.field(
+        default=(), converter=_str_tuple, validator=_check_strs
+    )
+    warp_size: int = attrs.field(default=32, validator=[_check_int, attrs.validators.gt(0)])
     launch_options: tuple[str, ...] = attrs.field(
-        default=(), converter=_str_tuple, validator=_check_launch_options
+        default=(), converter=_str_tuple, validator=[_check_strs, _check_launch_options]
     )
     arch_features: tuple[ArchFeatures, ...] = attrs.field(default=(), converter=_rules_tuple)
 
@@ -256,8 +350,8 @@ class Arch:
     ``tag`` is the short form used in tuning-file names (``"sm90"``, ``"gfx942"``).
     """
 
-    name: str = attrs.field(validator=attrs.validators.instance_of(str))
-    capability: tuple[int, int] | None = None
+    name: str = attrs.field(validator=_check_str)
+    capability: tuple[int, int] | None = attrs.field(default=None, validator=_check_capability)
 
     @classmethod
     def from_capability(cls, major: int, minor: int) -> Arch:

@@ -131,3 +131,19 @@ def test_selecting_a_broken_plugin_is_a_gemshal_error(plugins: Path) -> None:
     assert isinstance(first.__cause__, ImportError) and first.__cause__ is second.__cause__
     assert str(first) == str(second)
     assert not getattr(first.__cause__, "__notes__", None)  # no note piled up per call
+
+
+@pytest.mark.parametrize("spelling", ["CPU", "Cpu", "cpU"])
+def test_a_vendor_name_in_the_wrong_case_gets_the_right_one_suggested(spelling: str) -> None:
+    """An unknown vendor name that differs from a known one only in case is answered with
+    "did you mean" that name, whatever the case."""
+    with pytest.raises(gemshal.UnknownVendorError, match="Did you mean 'cpu'"):
+        gemshal.vendor(spelling)
+
+
+def test_config_dir_that_does_not_exist_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """`gemshal config --dir` naming no directory is one error line (not accepted silently)."""
+    from gemshal.cli import main
+
+    assert main(["config", "--list", "--dir", "/nonexistent/tune"]) == 1
+    assert "--dir '/nonexistent/tune': no such directory" in capsys.readouterr().err

@@ -124,3 +124,31 @@ def test_tune_dirs_entry_point_that_exits_is_an_error_at_every_lookup(misbehavin
         for _ in range(2):
             with pytest.raises(ConfigError, match=r"'exiting'.*failed to load"):
                 tune.search_path(ctx)
+
+
+def test_a_record_with_a_wrong_field_type_is_a_failure_naming_the_field(
+    misbehaving: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plugin VendorInfo with a string for tune_dirs, or a dict for capabilities, does not
+    load: `gemshal vendors` lists it FAILED with the field named, and selecting it raises."""
+    failures = {f.name: f.describe() for f in gemshal.plugin_failures()}
+    assert "tune_dirs must be a tuple of strings" in failures["qastr"]
+    assert "capabilities must be a gemshal.Capabilities record" in failures["qacaps"]
+    assert main(["vendors"]) == 0
+    failed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAILED")]
+    assert any("'qastr'" in line for line in failed) and any("'qacaps'" in line for line in failed)
+    with pytest.raises(PluginLoadError, match="tune_dirs"):
+        gemshal.vendor("qastr")
+
+
+def test_example_plugin_asks_for_the_setuptools_its_license_field_needs() -> None:
+    """The example plugin's SPDX license string (PEP 639) needs setuptools 77: its build
+    requirement says at least that, so an older setuptools refuses it up front."""
+    import re
+    import tomllib
+
+    data = tomllib.loads((ROOT / "examples" / "vendor-plugin" / "pyproject.toml").read_text())
+    assert isinstance(data["project"]["license"], str)  # the SPDX form
+    (req,) = [r for r in data["build-system"]["requires"] if r.startswith("setuptools")]
+    match = re.fullmatch(r"setuptools>=(\d+)(\.\d+)*", req)
+    assert match is not None and int(match.group(1)) >= 77, req
