@@ -41,6 +41,7 @@ from gemsops.ops.attention.kernels import (
 )
 from gemsops.ops.dtypes import check_supported
 from gemsops.ops.grid import cdiv
+from gemsops.ops.higher_order import higher_order, torch_gradients
 from gemsops.registry import running
 
 __all__ = [
@@ -460,6 +461,20 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, bias, out, lse = ctx.saved_tensors
+        if higher_order():
+            # torch's math attention: composite ops, differentiable twice (its fused
+            # kernels' backward has no derivative of its own).
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            def recompute() -> Tensor:
+                with sdpa_kernel([SDPBackend.MATH]):
+                    out: Tensor = torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, attn_mask=bias, is_causal=ctx.causal, scale=ctx.scale,
+                        enable_gqa=q.shape[-3] != k.shape[-3])
+                return out
+
+            dq, dk, dv, dbias = torch_gradients(recompute, (q, k, v, bias), grad_out)
+            return dq, dk, dv, dbias, None, None
         with running():
             dq, dk, dv, dbias = _backward(grad_out, q, k, v, bias, out, lse, ctx.causal,
                                           ctx.scale, ctx.needs_input_grad[3])

@@ -22,13 +22,13 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import acc_dtype, tl_acc
 from gemsops.ops.grid import cdiv
+from gemsops.ops.higher_order import higher_order, torch_gradients
 from gemsops.ops.loss.inputs import (
     check_input,
     class_targets,
@@ -251,16 +251,24 @@ class _CrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, x2: Tensor, t2: Tensor, w: Tensor | None, prob: bool,
                 red: int, ignore_index: int, eps: float) -> Tensor:
         out, lse, mass, denom = _ce_forward(x2, t2, w, prob, red, ignore_index, eps, x.dtype)
-        ctx.save_for_backward(x2, t2, w, lse, mass, denom)
+        ctx.save_for_backward(x2, t2, w, lse, mass, denom, x)
         ctx.meta = (prob, red, ignore_index, eps, x.shape)
         return out.view(_loss_shape(x.shape)) if red == 0 else out
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        # The gradient kernel is not itself differentiable: a double backward raises.
-        x2, t2, w, lse, mass, denom = ctx.saved_tensors
+        x2, t2, w, lse, mass, denom, x = ctx.saved_tensors
         prob, red, ignore_index, eps, shape = ctx.meta
+        if higher_order():
+            # The gradient kernel is not differentiable: torch's own loss, on the [M, C]
+            # rows (a view of x), differentiated back to x.
+            name = _REDUCTION_NAMES[red]
+            flat = grad.reshape(-1) if red == 0 else grad
+            (gx,) = torch_gradients(
+                lambda: torch.nn.functional.cross_entropy(
+                    x2, t2, w, ignore_index=ignore_index, reduction=name, label_smoothing=eps),
+                (x,), flat)
+            return gx, None, None, None, None, None, None, None
         with running():
             gi = _ce_backward(grad, x2, t2, w, prob, red, ignore_index, eps, lse, mass, denom)
         if len(shape) > 2:

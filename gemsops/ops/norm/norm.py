@@ -26,6 +26,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, acc_dtype, check_supported, tl_acc
 from gemsops.ops.grid import cdiv
+from gemsops.ops.higher_order import higher_order, torch_gradients
 from gemsops.ops.norm.kernels import KERNELS as _KERNELS
 from gemsops.ops.norm.kernels import column_sum_kernel as _column_sum_kernel
 from gemsops.ops.pointwise.types import holds_large
@@ -333,12 +334,16 @@ class _LayerNorm(torch.autograd.Function):
                 eps: float) -> Tensor:
         y, mean, rstd = native_layer_norm(x, ns, w, b, eps)
         ctx.save_for_backward(x, w, b, mean, rstd)
-        ctx.ns = ns
+        ctx.ns, ctx.eps = ns, eps
         return y
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         x, w, b, mean, rstd = ctx.saved_tensors
+        if higher_order():
+            gx, gw, gb = torch_gradients(
+                lambda: torch.nn.functional.layer_norm(x, ctx.ns, w, b, ctx.eps), (x, w, b), dy)
+            return gx, None, gw, gb, None
         mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3])
         dx, dw, db = native_layer_norm_backward(dy, x, ctx.ns, mean, rstd, w, b, mask)
         return dx, None, dw, db, None
@@ -350,12 +355,16 @@ class _RMSNorm(torch.autograd.Function):
                 eps: float | None) -> Tensor:
         y, rstd = fused_rms_norm(x, ns, w, eps)
         ctx.save_for_backward(x, w, rstd)
-        ctx.ns = ns
+        ctx.ns, ctx.eps = ns, eps
         return y
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         x, w, rstd = ctx.saved_tensors
+        if higher_order():
+            gx, gw = torch_gradients(
+                lambda: torch.nn.functional.rms_norm(x, ctx.ns, w, ctx.eps), (x, w), dy)
+            return gx, None, gw, None
         mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[2])
         dx, dw = fused_rms_norm_backward(dy, x, ctx.ns, rstd, w, mask)
         return dx, None, dw, None
