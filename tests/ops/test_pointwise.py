@@ -732,3 +732,22 @@ def test_python_float_promotion_follows_the_default_dtype_after_a_change() -> No
         torch.set_default_dtype(saved)
     assert (first, second.dtype, third) == (torch.float32, torch.float64, torch.float32)
     torch.testing.assert_close(second.cpu(), torch.arange(3, dtype=torch.float64) + 2.5)
+
+
+def test_valid_inputs_raise_no_numpy_warnings_from_the_interpreter() -> None:
+    """Floor division by negatives, softmax of an all -inf row, pow and a float16 cast of a
+    large value warn nothing (on the interpreter numpy computed masked lanes and warned)."""
+    import warnings
+
+    dev = gemshal.current_device().torch_device
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with registry.use_gems():
+            a = torch.tensor([-7, 7, -8], device=dev) // torch.tensor([2, -2, 3], device=dev)
+            torch.softmax(torch.full((2, 3), float("-inf"), device=dev), -1)
+            torch.pow(torch.tensor([0.0, 2.0], device=dev), -1.0)
+            torch.tensor([1e6, 1.0], device=dev).to(torch.float16)
+    numpy_warnings = [w for w in caught if issubclass(w.category, RuntimeWarning)
+                      and not str(w.message).startswith("gemshal:")]
+    assert numpy_warnings == [], [str(w.message) for w in numpy_warnings]
+    assert a.tolist() == [-4, -4, -3]
