@@ -32,6 +32,9 @@ from typing import Any
 import torch
 
 import gemsops
+from gemshal.kernel.compile import mode as compile_mode
+from gemshal.kernel.compile import wait_compiles
+from gemsops.registry import COMPILING
 
 
 def _config(name: str) -> tuple[Any, dict[str, Any]]:
@@ -90,9 +93,25 @@ def _step(model: Any, inputs: dict[str, Any], opt: Any) -> None:
         opt.step()
 
 
-def _median_ms(model: Any, inputs: dict[str, Any], opt: Any, repeats: int) -> float:
+def _compiled(step: Any) -> int:
+    """Run ``step`` until, after its compiles finish, a run of it hands nothing back to
+    torch for a compile (gemsops' kernels reach their later kernels one step at a time
+    while earlier ones compile in the background); returns how many runs that took."""
+    for runs in range(1, 13):
+        with gemsops.record() as rec:
+            step()
+        wait_compiles()
+        if not any(reason == COMPILING for _, reason in rec.fallbacks):
+            return runs
+    raise RuntimeError(f"still compiling after 12 runs: {rec.summary()}")
+
+
+def _median_ms(model: Any, inputs: dict[str, Any], opt: Any, repeats: int,
+               gems: bool = False) -> float:
     for _ in range(3):
         _step(model, inputs, opt)
+    if gems:
+        _compiled(lambda: _step(model, inputs, opt))
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -108,7 +127,7 @@ def steady(models: list[str], repeats: int) -> None:
         model, inputs, opt = _build(name)
         torch_ms = _median_ms(model, inputs, opt, repeats)
         with gemsops.use_gems():
-            gems_ms = _median_ms(model, inputs, opt, repeats)
+            gems_ms = _median_ms(model, inputs, opt, repeats, gems=True)
         torch_again = _median_ms(model, inputs, opt, repeats)
         print(json.dumps({"model": name, "torch_ms": round(torch_ms, 2),
                           "torch_again_ms": round(torch_again, 2),
@@ -123,18 +142,27 @@ def first(name: str, side: str) -> None:
     model, inputs, opt = _build(name)
     torch.cuda.synchronize()
     built = time.perf_counter() - t0
-    with gemsops.use_gems() if side == "gemsops" else _null():
+    out: dict[str, Any] = {"model": name, "side": side, "build_s": round(built, 2),
+                           "compile": compile_mode()}
+    with gemsops.use_gems() if side == "gemsops" else _null(), gemsops.record() as rec:
         t = time.perf_counter()
         _step(model, inputs, opt)
         torch.cuda.synchronize()
-        first_s = time.perf_counter() - t
+        out["first_step_s"] = round(time.perf_counter() - t, 2)
+        if side == "gemsops":
+            out["first_step_handed_back_compiling"] = sum(
+                n for (_, reason), n in rec.fallbacks.items() if reason == COMPILING)
+            wait_compiles()
+            # from the start of the first step until every compile it started is done
+            out["first_step_compiles_done_s"] = round(time.perf_counter() - t, 2)
+            t = time.perf_counter()
+            out["steps_until_compiled"] = _compiled(lambda: _step(model, inputs, opt))
+            out["until_compiled_s"] = round(time.perf_counter() - t, 2)
         t = time.perf_counter()
         _step(model, inputs, opt)
         torch.cuda.synchronize()
-        second_s = time.perf_counter() - t
-    print(json.dumps({"model": name, "side": side, "build_s": round(built, 2),
-                      "first_step_s": round(first_s, 2),
-                      "second_step_s": round(second_s, 3)}), flush=True)
+        out["next_step_s"] = round(time.perf_counter() - t, 3)
+    print(json.dumps(out), flush=True)
 
 
 def generate(tokens: int) -> None:
@@ -149,10 +177,15 @@ def generate(tokens: int) -> None:
             model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
             torch.cuda.synchronize()
             out["gemsops_first_8_tokens_s"] = round(time.perf_counter() - t, 2)
+            out["gemsops_first_8_tokens_compiling"] = compile_mode() == "background"
+            out["gemsops_runs_until_compiled"] = _compiled(
+                lambda: model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False))
         for side in ("torch", "gemsops", "torch_again"):
             ctx = gemsops.use_gems() if side == "gemsops" else _null()
             with ctx:
                 model.generate(ids, **kw)  # warm
+                if side == "gemsops":
+                    _compiled(lambda: model.generate(ids, **kw))
                 torch.cuda.synchronize()
                 t = time.perf_counter()
                 model.generate(ids, **kw)
@@ -184,6 +217,7 @@ def profile_generate(tokens: int) -> None:
     kw = {"max_new_tokens": tokens, "min_new_tokens": tokens, "do_sample": False}
     with torch.no_grad(), gemsops.use_gems():
         model.generate(ids, **kw)
+        _compiled(lambda: model.generate(ids, **kw))
         torch.cuda.synchronize()
         prof = cProfile.Profile()
         with registry.record() as rec:

@@ -28,6 +28,8 @@ import torch
 
 import gemshal
 from gemshal.errors import GemshalError
+from gemshal.kernel.compile import SCOPE as _COMPILE_SCOPE
+from gemshal.kernel.compile import KernelCompiling
 from gemsops import declare
 from gemsops.errors import GemsopsError, UnknownOpError, Unsupported
 from gemsops.promotion import FLOAT_TO_COMPLEX, combine, promote
@@ -40,6 +42,7 @@ __all__ = [
     "implementations",
     "in_gemsops",
     "known_ops",
+    "note_handed_back",
     "override",
     "overrides",
     "record",
@@ -195,6 +198,13 @@ def record() -> Iterator[CallRecord]:
                 break
 
 
+def note_handed_back(name: str, reason: str) -> None:
+    """Count, in every open ``record()``, one piece of work torch did instead of gemsops
+    outside a served aten call (a backward of a gemsops autograd function)."""
+    for rec in _RECORDS:
+        rec.fallbacks[(name, reason)] += 1
+
+
 class _Inside(threading.local):
     """Whether this thread is inside a gemsops implementation right now."""
 
@@ -222,6 +232,10 @@ def running() -> Iterator[None]:
 def in_gemsops() -> bool:
     """Whether this thread is running gemsops' own work (a served call, or ``running()``)."""
     return _INSIDE.depth > 0
+
+
+COMPILING = "compiling in the background"
+"""The fallback reason of a call served by torch while its kernel compiles."""
 
 
 _DELIBERATE = (GemsopsError, GemshalError)
@@ -366,9 +380,24 @@ def _reason(error: Exception) -> str:
     return f"gemsops raised {type(error).__name__}" + (f": {lines[0][:160]}" if lines else "")
 
 
+def _writes_an_argument(overload: str) -> bool:
+    """Whether the overload's schema writes one of its arguments (in-place or ``out=``)."""
+    name, _, over = overload.partition(".")
+    try:
+        return bool(getattr(getattr(torch.ops.aten, name), over or "default")._schema.is_mutable)
+    except (AttributeError, RuntimeError):
+        return True  # unknown: never defer
+
+
 def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[..., Any]:
     inside = _INSIDE
     by_override = override(overload)
+    # An overload that writes no argument may have its first launch compile in the
+    # background and serve the call with torch's kernel meanwhile: torch recomputes the
+    # whole call, and nothing gemsops launched for it is visible.
+    # (Not where torch has no kernel to serve the call meanwhile.)
+    defer = not isinstance(original, _NoTorchKernel) and not _writes_an_argument(overload)
+    scope = _COMPILE_SCOPE
     call_torch = original.call_boxed
     params: list[tuple[tuple[int, ...], tuple[str, ...], frozenset[str]]] = []
 
@@ -400,20 +429,28 @@ def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[...,
             # it (the Triton interpreter copies tensors with torch ops): torch serves it.
             return to_torch(keyset, args, kwargs)
         inside.depth = 1
+        scope.defer = defer
         try:
             out = fn(*args, **kwargs)
         except Unsupported as why:
             inside.depth = 0
+            scope.defer = False
             return fallback(keyset, why.reason, args, kwargs)
+        except KernelCompiling:
+            inside.depth = 0
+            scope.defer = False
+            return fallback(keyset, COMPILING, args, kwargs)
         except _DELIBERATE:
             raise
         except Exception as error:
             # A check that could not take the input (say, a dtype test torch.iinfo
             # refuses): torch's kernel answers, or raises torch's own error.
             inside.depth = 0
+            scope.defer = False
             return fallback(keyset, _reason(error), args, kwargs)
         finally:
             inside.depth = 0
+            scope.defer = False
         for rec in _RECORDS:
             rec.served[overload] += 1
             if by_override is not None:

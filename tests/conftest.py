@@ -34,6 +34,10 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("GEMSOPS_HYPOTHESIS_PROFILE", "ci"))
 
+# Every test checks gemsops' own kernels from their first call: on a GPU, no call may be
+# served by torch while its kernel compiles (tests/test_compile.py turns that on itself).
+os.environ["GEMS_COMPILE"] = "wait"
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # Resolve the device before any test module imports kernel modules: on a CPU-only

@@ -14,7 +14,8 @@ class FakeJit:
     def __init__(self) -> None:
         self.fn = lambda x, n, BLOCK: None
         self.launches: list[dict[str, Any]] = []
+        self.warmups: list[dict[str, Any]] = []
 
     def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        """Record one launch's keywords."""
-        self.launches.append(kwargs)
+        """Record one launch's keywords (a compile without launch: in ``warmups``)."""
+        (self.warmups if warmup else self.launches).append(kwargs)

@@ -203,16 +203,23 @@ def test_bench_errors_when_the_filters_select_nothing() -> None:
 def test_bench_cold_times_fresh_processes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`gemsops bench --cold` runs the model case's first step in three fresh processes
-    (torch, gemsops with an empty Triton cache, gemsops with that cache) and reports each."""
+    """`gemsops bench --cold` runs the model case's first step in fresh processes (torch,
+    gemsops with an empty Triton cache, gemsops with that cache, gemsops cold compiling
+    every kernel before its launch) and reports each; the background-compile runs also
+    when their compiles were done and the step after."""
     out = tmp_path / "cold.json"
     assert main(["bench", "--cold", "--json", str(out)]) == 0
-    assert "first step of the model case in a fresh process" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "first step of the model case in a fresh process" in printed
+    assert "its compiles done after" in printed
     result = json.loads(out.read_text())
-    assert set(result) == {"torch", "gemsops cold", "gemsops warm"}
+    assert set(result) == {"torch", "gemsops cold", "gemsops warm", "gemsops cold, wait"}
     for side, row in result.items():
         assert "error" not in row, (side, row)
         assert row["step_s"] > 0 and row["import_s"] > 0
+    for side in ("gemsops cold", "gemsops warm"):
+        row = result[side]
+        assert row["compiled_s"] >= row["step_s"] and row["next_step_s"] > 0
 
 
 @pytest.mark.parametrize("command", ["bench", "selftest"])

@@ -40,6 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any
 
@@ -48,6 +49,7 @@ import torch
 from gemshal import _triton
 from gemshal import tune as _tune
 from gemshal.errors import ConfigError
+from gemshal.kernel import compile as _compile
 from gemshal.kernel import launcher as _launcher
 from gemshal.kernel import plan as _plan
 from gemshal.tune_format import LAUNCH_KEYS, OpTuning, TuneConfig
@@ -170,6 +172,7 @@ class _State:
         "generation",
         "interpreted",
         "launcher",
+        "pending",
         "pinned",
         "policy",
         "raw_index",
@@ -197,6 +200,7 @@ class _State:
         self.choices: dict[tuple[Any, ...], _Choice] = {}
         self.fulls: dict[tuple[Any, ...], tuple[Mapping[str, Any], dict[str, Any]]] = {}
         self.too_big: set[tuple[Any, ...]] = set()
+        self.pending: dict[Any, Future[Any]] = {}
         self.tuner: Any = None
         self.interpreted = False
 
@@ -502,6 +506,8 @@ class Kernel:
         hit = state.fulls.get(memo)
         if hit is not None and hit[0] is kwargs:
             return self._fire(state, grid, args, hit[1], device, key, entry, False)
+        if entry is None and _compile.SCOPE.defer and _compile.may_defer():
+            self._defer(state, grid, args, kwargs, memo if key is None else key)
         ckey, choice, order = self._choose(state, args, kwargs)
         if choice is None:
             return self._benchmark(state, ckey, grid, args, kwargs)
@@ -533,6 +539,90 @@ class Kernel:
             self._remember(state, memo, kwargs, full)
             return result
         raise ConfigError(f"tuning entry {self.op!r}: no config to launch")
+
+    def _defer(
+        self,
+        state: _State,
+        grid: Any,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        pkey: Any,
+    ) -> None:
+        """Raise KernelCompiling while this specialization compiles on the pool (started
+        here on its first launch); return when it is compiled, or when it cannot be
+        compiled off this thread (then the caller's path compiles, or raises the error)."""
+        if state.interpreted and not _compile.holding():
+            return  # nothing to compile
+        future = state.pending.get(pkey)
+        if future is not None:
+            if not future.done():
+                raise _compile.KernelCompiling(self.op, self._what(state, args, kwargs))
+            del state.pending[pkey]
+            return  # compiled: launching finds it in Triton's cache (or fails as it did)
+        _ckey, choice, order = self._choose(state, args, kwargs)
+        if choice is None:
+            return  # benchmarked: that times launches, so it runs here
+        if choice.meta:
+            meta: Mapping[str, Any] = choice.meta
+        else:
+            dtypes = tuple(getattr(a, "dtype", None) for a in args)
+            fits = [c for c in order if (c.identity(), dtypes) not in state.too_big]
+            meta = _meta((fits or order)[0])
+        full = self._compute(state, args, kwargs, meta)
+        what = self._what(state, args, full)
+        # hold() under the interpreter defers too, with nothing to compile
+        build = _nothing if state.interpreted else self._builder(grid, args, full, what)
+        state.pending[pkey] = _compile.submit(build)
+        raise _compile.KernelCompiling(self.op, what)
+
+    def _builder(
+        self, grid: Any, args: tuple[Any, ...], full: Mapping[str, Any], what: str | None
+    ) -> Callable[[], None]:
+        """A function compiling one launch's kernel without launching it, on the launch's
+        device (it runs on a pool thread), with a progress line naming ``what`` (None:
+        no line)."""
+        fn = self.fn
+        where = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+
+        def compile_only() -> None:
+            if where is not None and where.type != "cpu":
+                from gemshal.device import device_guard
+
+                with device_guard(where):
+                    fn.run(*args, grid=grid, warmup=True, **full)
+            else:
+                fn.run(*args, grid=grid, warmup=True, **full)
+
+        if what is None:
+            return compile_only
+
+        def build() -> None:
+            progress = _Progress(lambda: f"compiling {what} in the background")
+            try:
+                compile_only()
+            finally:
+                progress.done()
+
+        return build
+
+    def _precompile(
+        self, state: _State, grid: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> None:
+        """Compile a benchmarked bucket's candidates on the pool, in parallel, before the
+        autotuner times them (it then finds each compiled)."""
+        if state.interpreted or len(state.configs) < 2 or _compile.threads() < 2:
+            return
+        futures = [
+            _compile.submit(
+                self._builder(grid, args, self._compute(state, args, kwargs, _meta(c)), None)
+            )
+            for c in self._pruned(state, args, kwargs)
+        ]
+        for future in futures:
+            future.exception()  # a candidate that fails to compile fails again when timed
+
+    def _what(self, state: _State, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+        return f"{self.op} ({_describe(self._when(state, args, kwargs), args)})"
 
     def _remember(
         self, state: _State, memo: tuple[Any, ...], kwargs: Mapping[str, Any], full: dict[str, Any]
@@ -586,6 +676,7 @@ class Kernel:
                 lambda: f"tuning {self.op} ({_describe(when, args)}): {len(state.configs)} configs"
             )
             try:
+                self._precompile(state, grid, args, kwargs)
                 result = state.tuner.run(*args, grid=grid, warmup=False, **kwargs)
             finally:
                 progress.done()
@@ -667,6 +758,10 @@ class Kernel:
                 "how": choice.how,
                 "config": {k: _plain(v) for k, v in choice.meta.items()},
             }
+
+
+def _nothing() -> None:
+    return None
 
 
 def _interpret(fn: Any, grid: Any, args: tuple[Any, ...], full: dict[str, Any]) -> Any:

@@ -120,7 +120,8 @@ def test_index_with_one_integer_tensor_matches_torch(data: st.DataObject,
     assert got.shape == expected.shape and got.dtype == expected.dtype
     torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
     if x.dim() >= 2:  # two adjacent index tensors that broadcast: x[rows, cols]
-        rows = data.draw(index_for((3, 1), 0, x.shape[0], rank0=False))
+        # (n, 1) whatever n: it broadcasts with any cols
+        rows = data.draw(index_for((3, 1), 0, x.shape[0], rank0=False)).reshape(-1, 1)
         cols = data.draw(index_for((2,), 0, x.shape[1], rank0=False))
         both = G.index(x, [rows, cols])
         want = torch.ops.aten.index.Tensor(x, [rows, cols])

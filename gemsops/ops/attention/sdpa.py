@@ -23,6 +23,7 @@ only on arguments both halves see, so a forward and its backward are refused tog
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -41,8 +42,7 @@ from gemsops.ops.attention.kernels import (
 )
 from gemsops.ops.dtypes import check_supported
 from gemsops.ops.grid import cdiv
-from gemsops.ops.higher_order import higher_order, torch_gradients
-from gemsops.registry import running
+from gemsops.ops.higher_order import gems_backward, higher_order, torch_gradients
 
 __all__ = [
     "efficient_attention",
@@ -461,23 +461,26 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, bias, out, lse = ctx.saved_tensors
-        if higher_order():
-            # torch's math attention: composite ops, differentiable twice (its fused
-            # kernels' backward has no derivative of its own).
-            from torch.nn.attention import SDPBackend, sdpa_kernel
+        twice = higher_order()
+        if not twice:
+            got = gems_backward("scaled_dot_product_attention backward", lambda: _backward(
+                grad_out, q, k, v, bias, out, lse, ctx.causal, ctx.scale,
+                ctx.needs_input_grad[3]))
+            if got is not None:
+                return (*got, None, None)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            def recompute() -> Tensor:
-                with sdpa_kernel([SDPBackend.MATH]):
-                    out: Tensor = torch.nn.functional.scaled_dot_product_attention(
-                        q, k, v, attn_mask=bias, is_causal=ctx.causal, scale=ctx.scale,
-                        enable_gqa=q.shape[-3] != k.shape[-3])
-                return out
+        def recompute() -> Tensor:
+            # Twice differentiable: torch's math attention (composite ops; its fused
+            # kernels' backward has no derivative of its own). Once: torch's own choice.
+            with sdpa_kernel([SDPBackend.MATH]) if twice else contextlib.nullcontext():
+                out: Tensor = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, attn_mask=bias, is_causal=ctx.causal, scale=ctx.scale,
+                    enable_gqa=q.shape[-3] != k.shape[-3])
+            return out
 
-            dq, dk, dv, dbias = torch_gradients(recompute, (q, k, v, bias), grad_out)
-            return dq, dk, dv, dbias, None, None
-        with running():
-            dq, dk, dv, dbias = _backward(grad_out, q, k, v, bias, out, lse, ctx.causal,
-                                          ctx.scale, ctx.needs_input_grad[3])
+        dq, dk, dv, dbias = torch_gradients(recompute, (q, k, v, bias), grad_out,
+                                            create_graph=twice)
         return dq, dk, dv, dbias, None, None
 
 

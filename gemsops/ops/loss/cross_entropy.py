@@ -28,7 +28,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import acc_dtype, tl_acc
 from gemsops.ops.grid import cdiv
-from gemsops.ops.higher_order import higher_order, torch_gradients
+from gemsops.ops.higher_order import gems_backward, higher_order, torch_gradients
 from gemsops.ops.loss.inputs import (
     check_input,
     class_targets,
@@ -37,7 +37,6 @@ from gemsops.ops.loss.inputs import (
     rows_of,
 )
 from gemsops.ops.loss.reduction import reduce_rows, reduction_code
-from gemsops.registry import running
 
 __all__ = ["cross_entropy"]
 
@@ -259,18 +258,20 @@ class _CrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x2, t2, w, lse, mass, denom, x = ctx.saved_tensors
         prob, red, ignore_index, eps, shape = ctx.meta
-        if higher_order():
-            # The gradient kernel is not differentiable: torch's own loss, on the [M, C]
-            # rows (a view of x), differentiated back to x.
+        twice = higher_order()
+        got = None if twice else gems_backward("cross_entropy backward", lambda: _ce_backward(
+            grad, x2, t2, w, prob, red, ignore_index, eps, lse, mass, denom))
+        if got is None:
+            # The gradient kernel is not differentiable (or is compiling): torch's own
+            # loss, on the [M, C] rows (a view of x), differentiated back to x.
             name = _REDUCTION_NAMES[red]
             flat = grad.reshape(-1) if red == 0 else grad
             (gx,) = torch_gradients(
                 lambda: torch.nn.functional.cross_entropy(
                     x2, t2, w, ignore_index=ignore_index, reduction=name, label_smoothing=eps),
-                (x,), flat)
+                (x,), flat, create_graph=twice)
             return gx, None, None, None, None, None, None, None
-        with running():
-            gi = _ce_backward(grad, x2, t2, w, prob, red, ignore_index, eps, lse, mass, denom)
+        gi = got
         if len(shape) > 2:
             gi = gi.view(shape[0], *shape[2:], shape[1]).movedim(-1, 1)
         return gi.view(shape) if len(shape) <= 2 else gi, None, None, None, None, None, None, None

@@ -22,7 +22,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import acc_dtype, tl_acc
 from gemsops.ops.grid import cdiv
-from gemsops.ops.higher_order import higher_order, torch_gradients
+from gemsops.ops.higher_order import gems_backward, higher_order, torch_gradients
 from gemsops.ops.loss.inputs import (
     check_input,
     class_targets,
@@ -158,13 +158,16 @@ class _NLLLoss(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, target, weight, total = ctx.saved_tensors
         red, ignore_index = ctx.meta
-        if higher_order():
+        twice = higher_order()
+        gi = None if twice else gems_backward("nll_loss backward", lambda: nll_loss_backward(
+            grad, x, target, weight, red, ignore_index, total))
+        if gi is None:
             name = {0: "none", 1: "mean", 2: "sum"}[red]
             (gx,) = torch_gradients(
                 lambda: torch.nn.functional.nll_loss(x, target, weight, ignore_index=ignore_index,
-                                                     reduction=name), (x,), grad)
+                                                     reduction=name), (x,), grad,
+                create_graph=twice)
             return gx, None, None, None, None
-        gi = nll_loss_backward(grad, x, target, weight, red, ignore_index, total)
         return gi, None, None, None, None
 
 

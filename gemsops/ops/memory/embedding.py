@@ -29,7 +29,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, acc_dtype, check_supported
 from gemsops.ops.grid import cdiv, next_power_of_2
-from gemsops.ops.higher_order import higher_order
+from gemsops.ops.higher_order import gems_backward, higher_order
 from gemsops.registry import running
 
 __all__ = ["embedding", "embedding_dense_backward"]
@@ -275,12 +275,13 @@ class _Embedding(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         (indices,) = ctx.saved_tensors
         num, padding_idx, scale, _ = ctx.meta
-        if higher_order():
+        got = None if higher_order() else gems_backward(
+            "embedding backward",
+            lambda: embedding_dense_backward(grad, indices, num, padding_idx, scale))
+        if got is None:
             # Linear in grad: torch's own (differentiable) scatter of it.
             with running():
-                grad_weight = torch.ops.aten.embedding_dense_backward(
+                got = torch.ops.aten.embedding_dense_backward(
                     grad, indices, num, padding_idx, scale)
-            return grad_weight, None, None, None, None
-        grad_weight = embedding_dense_backward(grad, indices, num, padding_idx, scale)
-        return grad_weight, None, None, None, None
+        return got, None, None, None, None
 

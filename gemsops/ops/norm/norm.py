@@ -26,7 +26,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, acc_dtype, check_supported, tl_acc
 from gemsops.ops.grid import cdiv
-from gemsops.ops.higher_order import higher_order, torch_gradients
+from gemsops.ops.higher_order import gems_backward, higher_order, torch_gradients
 from gemsops.ops.norm.kernels import KERNELS as _KERNELS
 from gemsops.ops.norm.kernels import column_sum_kernel as _column_sum_kernel
 from gemsops.ops.pointwise.types import holds_large
@@ -340,13 +340,18 @@ class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         x, w, b, mean, rstd = ctx.saved_tensors
-        if higher_order():
-            gx, gw, gb = torch_gradients(
-                lambda: torch.nn.functional.layer_norm(x, ctx.ns, w, b, ctx.eps), (x, w, b), dy)
-            return gx, None, gw, gb, None
-        mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3])
-        dx, dw, db = native_layer_norm_backward(dy, x, ctx.ns, mean, rstd, w, b, mask)
-        return dx, None, dw, db, None
+        twice = higher_order()
+        if not twice:
+            mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3])
+            got = gems_backward("layer_norm backward", lambda: native_layer_norm_backward(
+                dy, x, ctx.ns, mean, rstd, w, b, mask))
+            if got is not None:
+                dx, dw, db = got
+                return dx, None, dw, db, None
+        gx, gw, gb = torch_gradients(
+            lambda: torch.nn.functional.layer_norm(x, ctx.ns, w, b, ctx.eps), (x, w, b), dy,
+            create_graph=twice)
+        return gx, None, gw, gb, None
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -361,13 +366,18 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, dy: Tensor) -> tuple[Tensor | None, ...]:
         x, w, rstd = ctx.saved_tensors
-        if higher_order():
-            gx, gw = torch_gradients(
-                lambda: torch.nn.functional.rms_norm(x, ctx.ns, w, ctx.eps), (x, w), dy)
-            return gx, None, gw, None
-        mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[2])
-        dx, dw = fused_rms_norm_backward(dy, x, ctx.ns, rstd, w, mask)
-        return dx, None, dw, None
+        twice = higher_order()
+        if not twice:
+            mask = (ctx.needs_input_grad[0], ctx.needs_input_grad[2])
+            got = gems_backward("rms_norm backward", lambda: fused_rms_norm_backward(
+                dy, x, ctx.ns, rstd, w, mask))
+            if got is not None:
+                dx, dw = got
+                return dx, None, dw, None
+        gx, gw = torch_gradients(
+            lambda: torch.nn.functional.rms_norm(x, ctx.ns, w, ctx.eps), (x, w), dy,
+            create_graph=twice)
+        return gx, None, gw, None
 
 
 def _needs_grad(*tensors: Tensor | None) -> bool:

@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 
 from gemsops.declare import op
-from gemsops.errors import Unsupported
 from gemsops.ops.pointwise.arith import ne
 from gemsops.ops.rowwise.index import max_dim, min_dim
 from gemsops.ops.rowwise.layout import check_dtype, check_input, dim_list
@@ -149,7 +148,13 @@ def _truth_reduce(name: str, how: int, x: Tensor, dim: int | Sequence[int] | Non
                   keepdim: bool) -> Tensor:
     check_input(x)
     if not x.numel():
-        raise Unsupported(f"{name} of an empty tensor")  # torch's identity or its error
+        # Nothing to reduce: all's identity is True, any's False (torch's, over every
+        # reduced dim; the result's shape is what torch's meta kernel gives).
+        dims = None if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+        meta = torch.empty(x.shape, dtype=torch.bool, device="meta")
+        shape = torch.ops.aten.all.dims(meta, dims, keepdim).shape
+        dtype = torch.uint8 if x.dtype == torch.uint8 else torch.bool
+        return torch.full(shape, name == "all", dtype=dtype, device=x.device)
     truth = x if x.dtype == torch.bool else ne(x, 0)
     result = _extremum(name, how, truth, () if dim is None else dim, keepdim)
     # torch keeps uint8 for uint8 inputs (its pre-bool convention); bool otherwise.

@@ -1,0 +1,278 @@
+"""Compiling kernels off the calling thread: background compiles and parallel candidates.
+
+**Background compiles.** A kernel's first launch at a new specialization compiles it
+(0.3-2 s each on an H200 host; a model's first training step meets dozens). Where the
+caller can serve the call another way, the launch does not wait: the compile is handed
+to a pool of worker threads and the launch raises :class:`KernelCompiling`; a later
+launch with the same specialization finds the kernel compiled and runs it. gemsops
+serves such a call with torch's own kernel (``record()`` names the reason
+``compiling in the background``), so a first step runs at about torch's speed while
+every kernel it met compiles in parallel.
+
+A launch may defer only inside :func:`deferring` (gemsops enters it for the overloads
+that write no argument, and for the backward of its autograd functions, which can
+recompute through torch), with ``GEMS_COMPILE`` unset or ``background``, and never
+while a CUDA graph is being captured. ``GEMS_COMPILE=wait`` compiles on the calling
+thread, as Triton does; benchmarks, the conformance command and the test suite use it
+so that what they time and check is gemsops' own kernels. :func:`wait_compiles` waits
+for every compile started so far (a benchmark calls it after its warm-up).
+
+**Parallel candidates.** A benchmarked bucket (``GEMS_AUTOTUNE=1`` or ``all``, and so
+``gemsops tune``) compiles all its candidate configs on the pool first, then times them.
+
+Triton's compiler releases the interpreter lock in its native passes and runs ``ptxas``
+as a subprocess, so threads compile in parallel (two threads on two cores took 0.68x
+the time of one for four matmul configs, on this project's CPU machine). The workers are
+daemon threads: a process may exit with compiles still running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from gemshal.errors import ConfigError
+
+__all__ = [
+    "COMPILE_ENV",
+    "MODES",
+    "THREADS_ENV",
+    "KernelCompiling",
+    "deferring",
+    "hold",
+    "mode",
+    "pending",
+    "submit",
+    "threads",
+    "wait_compiles",
+    "waiting",
+]
+
+COMPILE_ENV = "GEMS_COMPILE"
+THREADS_ENV = "GEMS_COMPILE_THREADS"
+MODES = ("background", "wait")
+"""``GEMS_COMPILE`` values: compile first launches on worker threads where the caller can
+serve the call another way (the default), or always on the calling thread."""
+
+
+class KernelCompiling(Exception):
+    """A launch's kernel is compiling in the background and the caller may serve the
+    call another way (it launched inside :func:`deferring`).
+
+    Attributes:
+        op: The tuning entry of the kernel being compiled.
+        what: The kernel and its size bucket, as the progress lines name it.
+    """
+
+    def __init__(self, op: str, what: str) -> None:
+        super().__init__(f"{what}: compiling in the background")
+        self.op = op
+        self.what = what
+
+
+_WAITING = [0]
+
+
+def mode(env: Mapping[str, str] | None = None) -> str:
+    """The compile mode: ``wait`` inside :func:`waiting`, else what ``GEMS_COMPILE`` asks
+    for (``background`` when unset).
+
+    Raises:
+        ConfigError: ``GEMS_COMPILE`` holds another value.
+    """
+    raw = (os.environ if env is None else env).get(COMPILE_ENV, "").strip()
+    if raw in ("", "background"):
+        return "wait" if _WAITING[0] else "background"
+    if raw == "wait":
+        return "wait"
+    raise ConfigError(
+        f"{COMPILE_ENV} must be 'background' (a first launch that the caller can serve "
+        f"another way compiles on worker threads; the default) or 'wait' (every compile "
+        f"runs on the calling thread); got {raw!r}"
+    )
+
+
+def threads(env: Mapping[str, str] | None = None) -> int:
+    """How many compile threads to run: ``GEMS_COMPILE_THREADS``, else the CPU count
+    capped at 8.
+
+    Raises:
+        ConfigError: a value that is not a positive integer.
+    """
+    raw = (os.environ if env is None else env).get(THREADS_ENV, "").strip()
+    if raw == "":
+        return max(1, min(8, os.cpu_count() or 1))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(
+            f"{THREADS_ENV} must be a positive integer (the number of compile threads); got {raw!r}"
+        )
+    return value
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """Inside the block (process-wide), every compile runs on the calling thread, whatever
+    ``GEMS_COMPILE`` says: what benchmarks time and conformance checks check must be
+    gemsops' own kernels from the first call."""
+    _WAITING[0] += 1
+    try:
+        yield
+    finally:
+        _WAITING[0] -= 1
+
+
+class _Scope(threading.local):
+    """Whether launches on this thread may defer their compile right now."""
+
+    defer = False
+
+
+SCOPE = _Scope()
+"""This thread's scope; gemsops' dispatch wrapper sets ``SCOPE.defer`` directly (two
+attribute writes per call) instead of entering :func:`deferring`."""
+
+
+@contextlib.contextmanager
+def deferring() -> Iterator[None]:
+    """Inside the block, a first launch may raise :class:`KernelCompiling` instead of
+    compiling on this thread (when the mode is ``background``). The caller catches it and
+    serves the call another way; nothing the block launched before it counts."""
+    before = SCOPE.defer
+    SCOPE.defer = True
+    try:
+        yield
+    finally:
+        SCOPE.defer = before
+
+
+def _capturing() -> bool:
+    from gemshal.device import device_module
+
+    try:
+        check = getattr(device_module(), "is_current_stream_capturing", None)
+        return bool(check()) if callable(check) else False
+    except Exception:  # a backend without graphs, or not initialized: nothing captures
+        return False
+
+
+def may_defer() -> bool:
+    """Whether a first launch here should compile in the background (checked on a miss):
+    inside :func:`deferring`, in ``background`` mode (or under :func:`hold`), and not
+    while a graph is captured."""
+    if not SCOPE.defer:
+        return False
+    if _HOLD[0] is not None:
+        return True
+    return mode() == "background" and not _capturing()
+
+
+# --- the pool ----------------------------------------------------------------------------
+
+
+class _Pool:
+    """Daemon worker threads taking (future, function) pairs from one queue."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._workers: list[threading.Thread] = []
+        self._futures: list[Future[Any]] = []
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()]
+            self._futures.append(future)
+            if len(self._workers) < threads():
+                worker = threading.Thread(
+                    target=self._work, name=f"gemshal-compile-{len(self._workers)}", daemon=True
+                )
+                self._workers.append(worker)
+                worker.start()
+        self._queue.put((future, fn))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, fn = self._queue.get()
+            gate = _HOLD[0]
+            if gate is not None:
+                gate.wait()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to whoever waits on the future
+                future.set_exception(exc)
+            # The function holds the launch's arguments: drop it before waiting again.
+            del future, fn
+
+    def outstanding(self) -> list[Future[Any]]:
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()]
+            return list(self._futures)
+
+
+_POOL = _Pool()
+_HOLD: list[threading.Event | None] = [None]
+
+
+def submit(fn: Callable[[], Any]) -> Future[Any]:
+    """Run ``fn`` (a compile) on a worker thread; its future holds the result or error."""
+    return _POOL.submit(fn)
+
+
+def pending() -> int:
+    """How many submitted compiles have not finished."""
+    return len(_POOL.outstanding())
+
+
+def wait_compiles(timeout: float | None = None) -> bool:
+    """Wait until every compile submitted so far has finished (or failed).
+
+    Returns:
+        True when none is left running; False when ``timeout`` seconds passed first.
+    """
+    import time
+
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _POOL.outstanding()
+        if not left:
+            return True
+        for future in left:
+            remaining = None if end is None else max(0.0, end - time.monotonic())
+            try:
+                future.exception(timeout=remaining)
+            except TimeoutError:
+                return False
+
+
+def holding() -> bool:
+    """Whether :func:`hold` is active (tests)."""
+    return _HOLD[0] is not None
+
+
+@contextlib.contextmanager
+def hold() -> Iterator[Callable[[], None]]:
+    """Tests: inside the block, launches inside :func:`deferring` defer whatever the mode,
+    background compiles start only once the function it gives is called, and kernels
+    the Triton interpreter runs defer too (their compile does nothing), so the deferred
+    path runs on a CPU-only machine."""
+    gate = threading.Event()
+    before = _HOLD[0]
+    _HOLD[0] = gate
+    try:
+        yield gate.set
+    finally:
+        gate.set()
+        _HOLD[0] = before
