@@ -265,3 +265,22 @@ def test_a_backward_whose_kernel_compiles_gives_torchs_gradients(fresh_plans: No
     assert rec.fallbacks[("cross_entropy backward", registry.COMPILING)] == 1, rec.summary()
     assert mine.grad is not None and ref.grad is not None
     torch.testing.assert_close(mine.grad, ref.grad)
+
+
+def test_a_forked_child_starts_the_compiles_its_parent_left_running(gpu: Path) -> None:
+    """After a fork the parent's compile threads are gone: a compile they had not finished
+    is started again in the child instead of being waited for forever."""
+    fake = FakeJit()
+    k = declare("k", key=["n"])(fake)
+    x = torch.empty(4)
+    with bg.hold() as release, bg.deferring():
+        with pytest.raises(bg.KernelCompiling):
+            k[(1,)](x, 1000)
+        bg._POOL.forget()  # what os.fork's child hook does
+        with pytest.raises(bg.KernelCompiling):
+            k[(1,)](x, 1000)  # submitted again, to this process's pool
+        release()
+        assert bg.wait_compiles(timeout=10)
+        k[(1,)](x, 1000)
+    assert fake.launches == [ROW]
+    assert fake.warmups[-1] == ROW

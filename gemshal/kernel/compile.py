@@ -186,9 +186,11 @@ class _Pool:
         self._lock = threading.Lock()
         self._workers: list[threading.Thread] = []
         self._futures: list[Future[Any]] = []
+        self.epoch = 0
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         future: Future[Any] = Future()
+        future.gemshal_epoch = self.epoch  # type: ignore[attr-defined]
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()]
             self._futures.append(future)
@@ -216,6 +218,15 @@ class _Pool:
             # The function holds the launch's arguments: drop it before waiting again.
             del future, fn
 
+    def forget(self) -> None:
+        """In a forked child: the parent's workers do not exist there; start afresh (the
+        compiles they had not finished are :func:`lost`)."""
+        self.epoch += 1
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._workers = []
+        self._futures = []
+
     def outstanding(self) -> list[Future[Any]]:
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()]
@@ -223,12 +234,19 @@ class _Pool:
 
 
 _POOL = _Pool()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_POOL.forget)
 _HOLD: list[threading.Event | None] = [None]
 
 
 def submit(fn: Callable[[], Any]) -> Future[Any]:
     """Run ``fn`` (a compile) on a worker thread; its future holds the result or error."""
     return _POOL.submit(fn)
+
+
+def lost(future: Future[Any]) -> bool:
+    """Whether ``future`` will never finish: it was submitted before a fork, in the parent."""
+    return getattr(future, "gemshal_epoch", _POOL.epoch) != _POOL.epoch and not future.done()
 
 
 def pending() -> int:

@@ -554,6 +554,8 @@ class Kernel:
         if state.interpreted and not _compile.holding():
             return  # nothing to compile
         future = state.pending.get(pkey)
+        if future is not None and _compile.lost(future):
+            future = None  # started before this process was forked: start it again
         if future is not None:
             if not future.done():
                 raise _compile.KernelCompiling(self.op, self._what(state, args, kwargs))
