@@ -8,6 +8,9 @@ vendor on the Triton interpreter. :func:`detect` is pure apart from what its
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -17,10 +20,34 @@ from gemshal.probe import Claim, Facts
 from gemshal.registry import plugin_failures, vendor, vendors
 from gemshal.vendor import VendorInfo
 
-__all__ = ["COMMAND_TIMEOUT_S", "Detection", "TraceStep", "detect", "env_flag"]
+__all__ = ["COMMAND_TIMEOUT_S", "PROBE_WARN_S", "Detection", "TraceStep", "detect", "env_flag"]
 
 COMMAND_TIMEOUT_S = 5.0
 """Seconds each command probe may run before it counts as a decline."""
+
+PROBE_WARN_S = 3.0
+"""Seconds an in-process probe may run before a line on stderr names it. In-process
+probes cannot be stopped from outside (a thread cannot be killed): one that never returns
+stops detection, and the line says which it is and how to skip detection."""
+
+
+def _watch(info: VendorInfo) -> threading.Timer:
+    """A started timer that names ``info``'s probe on stderr if it runs past PROBE_WARN_S."""
+    probe = info.probe
+    where = f"{getattr(probe, '__module__', '?')}.{getattr(probe, '__qualname__', repr(probe))}"
+
+    def warn() -> None:
+        sys.stderr.write(
+            f"gemshal: vendor {info.name!r}'s probe ({where}) is still running after "
+            f"{PROBE_WARN_S:.0f} s; detection waits for it. If it never returns, set "
+            f"GEMS_VENDOR to the vendor to use (detection then runs no probe)\n"
+        )
+        sys.stderr.flush()
+
+    timer = threading.Timer(PROBE_WARN_S, warn)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 @attrs.frozen
@@ -28,7 +55,8 @@ class TraceStep:
     """One line of the detection trace: what a stage saw and what it concluded.
 
     ``verdict`` is one of ``chosen``, ``claimed``, ``declined``, ``skipped``,
-    ``error`` or ``fallback``.
+    ``error``, ``slow`` (an in-process probe that took over ``PROBE_WARN_S``) or
+    ``fallback``.
     """
 
     stage: str
@@ -123,11 +151,18 @@ class _Run:
         for info in self.pool:
             if info.probe is None:
                 continue
+            timer = _watch(info)
+            start = time.perf_counter()
             try:
                 claim = info.probe(self.facts)
             except Exception as exc:
                 self.note("probe", "error", f"probe raised {type(exc).__name__}: {exc}", info.name)
                 continue
+            finally:
+                timer.cancel()
+            took = time.perf_counter() - start
+            if took > PROBE_WARN_S:
+                self.note("probe", "slow", f"the probe took {took:.1f} s", info.name)
             if claim is None:
                 self.note("probe", "declined", _looked_for(info), info.name)
             else:

@@ -127,3 +127,32 @@ def test_a_probe_that_raises_is_reported_not_fatal() -> None:
     found = detect(facts=StaticFacts(), env={}, candidates=(bad, gemshal.vendor("cpu")))
     assert found.vendor.name == "cpu"
     assert any(s.verdict == "error" and "driver exploded" in s.detail for s in found.trace)
+
+
+def test_a_slow_probe_is_named_on_stderr_while_it_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An in-process probe running past PROBE_WARN_S gets a line on stderr naming its vendor
+    and function and how to skip detection; the trace records how long it took; a quick
+    probe prints nothing."""
+    import time
+
+    from gemshal import detect as detect_module
+
+    monkeypatch.setattr(detect_module, "PROBE_WARN_S", 0.05)
+
+    def slow_probe(facts: gemshal.Facts) -> gemshal.Claim | None:
+        time.sleep(0.3)
+        return None
+
+    slow = gemshal.VendorInfo(
+        name="slowprobe", display_name="Slow", device_type="meta", dispatch_key="Meta",
+        triton_backends=("slow",), probe=slow_probe,
+    )  # fmt: skip
+    found = detect(facts=StaticFacts(), env={}, candidates=(slow, gemshal.vendor("cpu")))
+    assert found.vendor.name == "cpu"
+    err = capsys.readouterr().err
+    assert "vendor 'slowprobe'" in err and "slow_probe" in err and "GEMS_VENDOR" in err
+    assert any(s.verdict == "slow" and s.vendor == "slowprobe" for s in found.trace)
+    detect(facts=StaticFacts(), env={}, candidates=(gemshal.vendor("cpu"),))
+    assert capsys.readouterr().err == ""

@@ -266,3 +266,21 @@ def test_unsupported_inputs_go_to_torch() -> None:
                  reduce_size=7)
     assert sum("dropout" in r for r in reasons) == len(FORWARDS)
     assert any("head dim 24" in r for r in reasons)
+
+
+@pytest.mark.parametrize("perm", [(0, 1, 2, 3), (0, 2, 1, 3), (2, 0, 1, 3)])
+def test_the_output_takes_torchs_layout_for_a_permuted_query(perm: tuple[int, ...]) -> None:
+    """Under use_gems(), SDPA's output has the strides torch's own kernel gives it (on the
+    CPU: the query's layout, a transposed [B, L, H, D] query included), and its values."""
+    g = torch.Generator().manual_seed(1)
+    dtype = torch.float32 if DEVICE.type == "cpu" else torch.bfloat16
+    base = torch.randn(2, 2, 64, 32, generator=g).to(DEVICE, dtype)
+    inverse = [perm.index(i) for i in range(4)]
+    q = base.permute(*perm).contiguous().permute(*inverse)
+    k, v = (torch.randn(2, 2, 64, 32, generator=g).to(DEVICE, dtype) for _ in range(2))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with gemsops.use_gems(), gemsops.record() as rec:
+        got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert rec.served and not rec.fallbacks, rec.summary()
+    assert got.stride() == expected.stride()
+    assert_close(got, expected, reduce_size=64)

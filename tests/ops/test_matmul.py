@@ -81,6 +81,19 @@ def test_addmm_beta_zero_ignores_nan() -> None:
     assert_close(out, reference(torch.mm, a, b), reduce_size=5)
 
 
+@pytest.mark.parametrize("beta", [2.0, 0.0])
+def test_addmm_alpha_zero_does_not_form_the_product(beta: float) -> None:
+    """With alpha = 0 the product is not formed (BLAS's rule, torch's on every device): an
+    inf or nan in mat1 or mat2 gives beta * self, not nan (and zeros when beta is 0)."""
+    bias = torch.randn(2, 3, device=DEV)
+    a = torch.tensor([[float("inf"), 1.0], [1.0, float("nan")]], device=DEV)
+    b = torch.randn(2, 3, device=DEV)
+    out = MM.addmm(bias, a, b, beta=beta, alpha=0)
+    expected = torch.addmm(bias, a, b, beta=beta, alpha=0)
+    assert torch.isfinite(expected).all()  # what torch does here, checked
+    torch.testing.assert_close(out, expected)
+
+
 def test_k_zero_gives_zeros_and_m_zero_gives_empty() -> None:
     """mm with K = 0 is all zeros; addmm with K = 0 is beta * self; M = 0 is empty."""
     z = MM.mm(torch.randn(3, 0, device=DEV), torch.randn(0, 4, device=DEV))

@@ -751,3 +751,25 @@ def test_valid_inputs_raise_no_numpy_warnings_from_the_interpreter() -> None:
                       and not str(w.message).startswith("gemshal:")]
     assert numpy_warnings == [], [str(w.message) for w in numpy_warnings]
     assert a.tolist() == [-4, -4, -3]
+
+
+@settings(max_examples=30)
+@given(sizes=st.lists(st.sampled_from([1, 1, 3, 4]), min_size=1, max_size=4),
+       odd=st.lists(st.sampled_from([1, 7, 2**33]), min_size=4, max_size=4))
+def test_size_one_dims_get_torchs_output_strides(sizes: list[int], odd: list[int]) -> None:
+    """Property: for a contiguous input whose size-1 dims carry any stride (2**33
+    included), unary, tensor-tensor and tensor-number results take torch's strides (not a
+    copy of the odd ones)."""
+    standard = torch.empty(sizes).stride()
+    strides = [odd[i] if size == 1 else standard[i] for i, size in enumerate(sizes)]
+    base = torch.randn(max(1, math.prod(sizes)), device=gemshal.current_device().torch_device)
+    x = base.as_strided(sizes, strides)
+    assert x.is_contiguous()
+    calls: list[Callable[[torch.Tensor], torch.Tensor]] = [
+        torch.neg, torch.exp, lambda t: t * t, lambda t: t + 1, lambda t: t * 2.5]
+    for call in calls:
+        expected = call(x).stride()
+        with registry.use_gems(), registry.record() as rec:
+            got = call(x)
+        assert rec.served and not rec.fallbacks, rec.summary()
+        assert got.stride() == expected, (sizes, strides)

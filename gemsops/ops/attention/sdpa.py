@@ -407,8 +407,8 @@ def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p
                             is_causal: bool = False, *, attn_mask: Tensor | None = None,
                             scale: float | None = None) -> tuple[Tensor, Tensor]:
     """aten's CPU flash attention forward: ``(output, logsumexp)`` as torch's kernel
-    returns them (output contiguous [B, H, Lq, D], logsumexp [B, H, Lq] over [B, Lq, H]
-    memory).
+    returns them (output [B, H, Lq, D] in the query's layout, logsumexp [B, H, Lq] over
+    [B, Lq, H] memory).
 
     Raises:
         Unsupported: dropout, or inputs the kernels do not take.
@@ -416,7 +416,7 @@ def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p
     _check(query, key, value, dropout_p)
     B, Hq, Lq, D = query.shape
     bias = _bias(attn_mask, query, key.shape[2])
-    out = torch.empty((B, Hq, Lq, D), dtype=query.dtype, device=query.device)
+    out = torch.empty_like(query)  # torch's kernel keeps the query's layout
     lse = torch.empty_permuted((B, Hq, Lq), (0, 2, 1), dtype=torch.float32,
                                device=query.device)
     _forward(query, key, value, bias, is_causal, _scale(scale, D), out, lse)

@@ -246,6 +246,14 @@ def launch_product(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: 
     N = b.shape[-1]
     if batch == 0 or M == 0 or N == 0:
         return
+    if alpha == 0.0:
+        # BLAS's rule, torch's on every device: with alpha 0 the product is not formed,
+        # so an inf or nan in a or b does not reach c (0 * inf would be nan).
+        if bias is None:
+            c.zero_()
+        else:
+            torch.mul(bias, beta, out=c)
+        return
     dtype = a.dtype
     device = gemshal.device_of(a)
     if split_k is not None:

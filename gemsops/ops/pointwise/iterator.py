@@ -152,6 +152,14 @@ def _output_layout(shape: tuple[int, ...], tensors: Sequence[Tensor]) -> Any:
         off = n - t.dim()
         strides.append([0] * off + [0 if size == 1 and shape[off + i] != 1 else t.stride(i)
                                     for i, size in enumerate(t.shape)])
+    return _permuted(shape, strides)
+
+
+def _permuted(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> tuple[int, ...] | None:
+    """The output strides of torch's TensorIterator for operands of these strides (over
+    ``shape``, broadcast dims at 0): dims sorted fastest first by torch's rule; None when
+    that order is the contiguous one."""
+    n = len(shape)
 
     def should_swap(d0: int, d1: int) -> int:
         for st in strides:
@@ -262,6 +270,18 @@ def _plan(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> _Plan
                  op.scalars == "checked", scalars)
 
 
+def _output_with_unit_dims(first: Tensor, dtype: torch.dtype, scalars: bool) -> Tensor:
+    """The output for a contiguous input with size-1 dims, which may carry any stride
+    (``empty_like`` would copy a stride of 2**33): torch's layout. Tensors alone give the
+    contiguous one; with a number, TensorIterator sorts the dims by the input's strides,
+    size-1 dims included."""
+    shape = first.shape
+    layout = _permuted(shape, [first.stride()]) if scalars else None
+    if layout is None:
+        return torch.empty(shape, dtype=dtype, device=first.device)
+    return torch.empty_strided(shape, layout, dtype=dtype, device=first.device)
+
+
 def _device_ok(device: torch.device) -> bool:
     ok = _DEVICE_OK.get(device)
     if ok is None:
@@ -321,7 +341,10 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
     else:
         args = [*operands, None, None][:3]
     if out is None:
-        out = torch.empty_like(first, dtype=plan.result)
+        if 1 in shape:  # type: ignore[operator]
+            out = _output_with_unit_dims(first, plan.result, bool(plan.scalars))
+        else:  # contiguous without size-1 dims: the one contiguous layout
+            out = torch.empty_like(first, dtype=plan.result)
     elif len(operands) > 1:
         optr = out.data_ptr()
         for x in operands:
