@@ -284,3 +284,23 @@ def test_a_forked_child_starts_the_compiles_its_parent_left_running(gpu: Path) -
         k[(1,)](x, 1000)
     assert fake.launches == [ROW]
     assert fake.warmups[-1] == ROW
+
+
+def test_a_launch_whose_keywords_come_in_a_new_dict_each_call_is_deferred_once(
+    gpu: Path,
+) -> None:
+    """Compiles are told apart by value: a caller passing a fresh (equal) keyword dict on
+    every call defers its first call only, and runs once the compile is done (keyed by the
+    dict's identity, every call started a compile and was handed back, for good)."""
+    fake = FakeJit()
+    k = declare("k", key=["n"])(fake)
+    x = torch.empty(4)
+    with bg.hold() as release, bg.deferring():
+        with pytest.raises(bg.KernelCompiling):
+            k.launch((1,), (x, 1000), {})
+        release()
+        assert bg.wait_compiles(timeout=10)
+        for _ in range(3):
+            k.launch((1,), (x, 1000), {})
+    assert fake.launches == [ROW] * 3
+    assert fake.warmups == [ROW]
