@@ -130,10 +130,18 @@ def steady(models: list[str], repeats: int) -> None:
         with gemsops.use_gems():
             gems_ms = _median_ms(model, inputs, opt, repeats, gems=True)
         torch_again = _median_ms(model, inputs, opt, repeats)
+        from gemshal.kernel import stats
+
+        launchers = stats()
+        slow = sorted((r for r in launchers if r["jit"] > 20 or r["disabled"]),
+                      key=lambda r: -r["jit"])[:8]
         print(json.dumps({"model": name, "torch_ms": round(torch_ms, 2),
                           "torch_again_ms": round(torch_again, 2),
                           "gemsops_ms": round(gems_ms, 2),
-                          "ratio": round(gems_ms / min(torch_ms, torch_again), 3)}), flush=True)
+                          "ratio": round(gems_ms / min(torch_ms, torch_again), 3),
+                          "compile": compile_mode(),
+                          "direct_off": sum(1 for r in launchers if r["disabled"]),
+                          "jit_heavy": slow}), flush=True)
         del model, inputs, opt
         torch.cuda.empty_cache()
 
