@@ -100,6 +100,16 @@ def mock_dtype(value: Any) -> Any:
     return MockTensor.wrap_dtype(value)
 
 
+def same_binary(a: Any, b: Any) -> bool:
+    """Whether two compiled kernels are one compile: the same object, or the same compile
+    hash (Triton's cache key over source, signature, constants, options and target; two
+    threads compiling one specialization at once each make an object of it)."""
+    if a is b:
+        return True
+    ha, hb = getattr(a, "hash", None), getattr(b, "hash", None)
+    return isinstance(ha, str) and bool(ha) and ha == hb
+
+
 def out_of_resources() -> type[Exception]:
     """Triton's exception for a config the device cannot run (shared memory, registers)."""
     from triton.runtime.errors import OutOfResources

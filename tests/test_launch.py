@@ -139,6 +139,7 @@ class FakeKernel:
         self.run = FakeLauncherObject(log)
         self.function = ("function", spec)
         self.packed_metadata = ("meta", spec)
+        self.hash = repr(spec)  # Triton's compile hash: one per specialization
 
 
 SPECS = (
@@ -172,10 +173,13 @@ class FakeTriton:
 class Rig:
     """A launcher over stand-ins, and the record of every launch it made."""
 
-    def __init__(self, *, unstable: bool = False, bad_bind: bool = False) -> None:
+    def __init__(
+        self, *, unstable: bool = False, bad_bind: bool = False, recompiled: bool = False
+    ) -> None:
         self.log: list[tuple[Any, ...]] = []
         self.kernels: dict[tuple[Any, ...], FakeKernel] = {}
         self.unstable = unstable
+        self.recompiled = recompiled
         self.triton = FakeTriton()
         self.launcher = Launcher(
             object(),
@@ -207,6 +211,8 @@ class Rig:
         spec = self.spec(args, kwargs)
         if self.unstable:
             spec = (*spec, len(self.log))  # a new kernel each call: the key is too coarse
+        if self.recompiled:  # a new object of the same compile each call
+            self.kernels[spec] = FakeKernel(spec, self.log)
         kernel = self.kernels.setdefault(spec, FakeKernel(spec, self.log))
         values = self.bound(args, kwargs)
         if callable(grid):
@@ -306,6 +312,17 @@ def test_failed_self_check_turns_direct_path_off() -> None:
     paths = [rig.call(300)[0] for _ in range(4)]
     assert paths == ["jit"] * 4
     assert rig.launcher.disabled is not None and "another compiled kernel" in rig.launcher.disabled
+
+
+def test_a_new_object_of_the_same_compile_passes_the_self_check() -> None:
+    """When Triton's cache holds another object of the same compile at the key's reuse (two
+    threads compiled one specialization; the later store replaced the first), the entry
+    is still the same kernel: it is trusted and later calls launch directly (on the H200,
+    background compiles turned the pointwise kernels' direct path off this way)."""
+    rig = Rig(recompiled=True)
+    paths = [rig.call(1000)[0] for _ in range(4)]
+    assert paths == ["jit", "jit", "direct", "direct"]
+    assert rig.launcher.disabled is None
 
 
 def test_argument_mismatch_turns_direct_path_off() -> None:

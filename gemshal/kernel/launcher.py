@@ -32,7 +32,9 @@ is taken only when all of these hold, and ``JITFunction.run`` serves the call ot
 * the entry passed its self-check. When an entry is made, the arguments and grid it
   would launch with are compared with those ``JITFunction.run`` binds; at its first
   reuse (a second call with the same key, so other addresses and sizes), Triton's own
-  dispatch is run once more and must pick the very same compiled kernel. A failed
+  dispatch is run once more and must pick the very same compiled kernel (the same
+  object, or one with the same compile hash: a background compile of the same
+  specialization may have replaced the object in Triton's cache). A failed
   check turns the direct path off for that kernel, with the reason kept in
   :func:`stats`.
 
@@ -432,7 +434,7 @@ class Launcher:
         if kernel is None or hasattr(kernel, "result"):
             return kernel  # compiled asynchronously: nothing to keep yet
         if entry is not None:
-            if kernel is entry.kernel:
+            if _triton.same_binary(kernel, entry.kernel):
                 entry.verified = True
             else:
                 self._disable(
