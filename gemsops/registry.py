@@ -566,13 +566,35 @@ def _apply(key: _Key | None) -> frozenset[str]:
             _retire(_ACTIVE)
             _ACTIVE.library._destroy()
             _ACTIVE = None
+            _forget_dispatch_caches()
         return frozenset()
     if _ACTIVE is not None and _ACTIVE.key == key:
         return _ACTIVE.overloads
     overloads = _select(*key)
     _apply(None)
     _ACTIVE = attrs.evolve(_register(overloads), key=key)
+    _forget_dispatch_caches()
     return _ACTIVE.overloads
+
+
+def _forget_dispatch_caches() -> None:
+    """Drop the handlers torch's Python dispatcher cached per op (``OpOverload``'s
+    ``_dispatch_cache``), after the registration changed.
+
+    ``torch.compile`` traces through the Python dispatcher, which caches, per op and
+    dispatch key, a handler that can hold the kernel gemsops registered. Once the Library
+    is destroyed that kernel is freed, and the next compile's first ``torch.clone`` (dynamo
+    saves the RNG state) ran the stale handler: a segfault. The caches refill on demand.
+    """
+    ops = getattr(torch._ops, "get_cached_ops", None)
+    reset = getattr(torch._ops, "reset_cached_ops", None)
+    if ops is None or reset is None:
+        return
+    for overload in list(ops()):
+        cache = getattr(overload, "_dispatch_cache", None)
+        if cache is not None:
+            cache.clear()
+    reset()
 
 
 _RETIRED: collections.deque[tuple[float, list[Any]]] = collections.deque()

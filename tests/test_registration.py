@@ -165,3 +165,34 @@ def test_a_string_names_one_op_not_its_letters() -> None:
     assert registry.resolve_names("add.Tensor") == {"add.Tensor"}
     with pytest.raises(gemsops.UnknownOpError, match="'mx'"):
         gemsops.enable(include="mx")
+
+
+COMPILE_AFTER_BLOCK = """
+import sys, warnings
+import torch, gemsops
+warnings.simplefilter("ignore")
+backend = sys.argv[1]
+x = torch.randn(8)
+with gemsops.use_gems():
+    inside = torch.compile(lambda t: t.sin() + 1, backend=backend)(x)
+after = torch.compile(lambda t: t.cos() * 2, backend=backend)(x)
+again = torch.compile(lambda t: t.exp(), backend=backend)(x)
+assert torch.allclose(inside, x.sin() + 1) and torch.allclose(after, x.cos() * 2)
+assert torch.allclose(again, x.exp())
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiling_after_a_use_gems_block_does_not_crash(backend: str) -> None:
+    """torch.compile inside a use_gems() block, then compiling something new after the
+    block: the process survives (it died with a segfault in dynamo's RNG-state clone, through
+    a dispatch handler torch's Python dispatcher had cached for gemsops' freed kernel) and
+    every result is right. In a fresh process: a crash must not take the test run down."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", COMPILE_AFTER_BLOCK, backend],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip().endswith("ok")
