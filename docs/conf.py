@@ -72,7 +72,8 @@ napoleon_attr_annotations = True
 nitpick_ignore_regex = [
     ("py:.*", r"(torch|triton|attrs|attr|typing_extensions|numpy)(\..*)?"),
     ("py:.*", r"(collections|collections\.abc|typing|types|os|pathlib|contextlib|threading"
-              r"|importlib|argparse|enum|re|tomllib|numbers|dataclasses|warnings|inspect)\..*"),
+              r"|importlib|argparse|enum|re|tomllib|numbers|dataclasses|warnings|inspect"
+              r"|concurrent)\..*"),
     # Private helper types of ours that appear in public signatures (a method's return
     # type); they are deliberately left out of the reference.
     ("py:class", r"(gemshal|gemsops)(\.\w+)*\._\w+"),

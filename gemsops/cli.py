@@ -1,4 +1,4 @@
-"""``gemsops`` command line: ``demo``, ``ops``, ``bench`` and ``selftest``.
+"""``gemsops`` command line: ``demo``, ``ops``, ``bench``, ``selftest``, ``tune``, ``trace``.
 
 Bad arguments print a usage message and exit 2. A bad value for ``bench`` or
 ``selftest``'s ``--ops`` or ``--dtypes``, for ``bench --from-json`` or ``selftest
@@ -86,11 +86,12 @@ def _parser() -> argparse.ArgumentParser:
         help="each overload with the implementation serving it (module.function [vendor])",
     )
     ops.set_defaults(run=_ops)
-    from gemsops import bench, selftest, tune_run
+    from gemsops import bench, selftest, trace, tune_run
 
     bench.add_parser(sub)
     selftest.add_parser(sub)
     tune_run.add_parser(sub)
+    trace.add_parser(sub)
     return parser
 
 
