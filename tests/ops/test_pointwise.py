@@ -759,14 +759,16 @@ def test_valid_inputs_raise_no_numpy_warnings_from_the_interpreter() -> None:
 def test_size_one_dims_get_torchs_output_strides(sizes: list[int], odd: list[int]) -> None:
     """Property: for a contiguous input whose size-1 dims carry any stride (2**33
     included), unary, tensor-tensor and tensor-number results take torch's strides (not a
-    copy of the odd ones)."""
+    copy of the odd ones), and clone and a dtype conversion keep the input's, as torch's
+    do."""
     standard = torch.empty(sizes).stride()
     strides = [odd[i] if size == 1 else standard[i] for i, size in enumerate(sizes)]
     base = torch.randn(max(1, math.prod(sizes)), device=gemshal.current_device().torch_device)
     x = base.as_strided(sizes, strides)
     assert x.is_contiguous()
     calls: list[Callable[[torch.Tensor], torch.Tensor]] = [
-        torch.neg, torch.exp, lambda t: t * t, lambda t: t + 1, lambda t: t * 2.5]
+        torch.neg, torch.exp, lambda t: t * t, lambda t: t + 1, lambda t: t * 2.5,
+        torch.clone, lambda t: t.to(torch.float16)]
     for call in calls:
         expected = call(x).stride()
         with registry.use_gems(), registry.record() as rec:

@@ -341,9 +341,11 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
     else:
         args = [*operands, None, None][:3]
     if out is None:
-        if 1 in shape:  # type: ignore[operator]
+        if 1 in shape and op.name != "copy":  # type: ignore[operator]
             out = _output_with_unit_dims(first, plan.result, bool(plan.scalars))
-        else:  # contiguous without size-1 dims: the one contiguous layout
+        else:
+            # Contiguous without size-1 dims: the one contiguous layout. A copy (clone,
+            # _to_copy) keeps the input's strides, as aten's empty_like does.
             out = torch.empty_like(first, dtype=plan.result)
     elif len(operands) > 1:
         optr = out.data_ptr()
