@@ -304,3 +304,19 @@ def test_a_launch_whose_keywords_come_in_a_new_dict_each_call_is_deferred_once(
             k.launch((1,), (x, 1000), {})
     assert fake.launches == [ROW] * 3
     assert fake.warmups == [ROW]
+
+
+def test_bad_settings_fail_at_a_served_call_on_every_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bad GEMS_COMPILE or GEMS_COMPILE_THREADS is an error at the first served call that
+    could defer, on the interpreter too (where nothing compiles in the background), not a
+    value accepted and ignored."""
+    a = torch.ones(3, device=DEV)
+    for name, bad in (("GEMS_COMPILE", "later"), ("GEMS_COMPILE_THREADS", "two")):
+        monkeypatch.setenv(name, bad)
+        tune.clear_cache()
+        with registry.use_gems(), pytest.raises(ConfigError, match=f"{name}.*got '{bad}'"):
+            torch.add(a, a)
+        monkeypatch.delenv(name)
+    tune.clear_cache()

@@ -170,9 +170,11 @@ def may_defer() -> bool:
     while a graph is captured."""
     if not SCOPE.defer:
         return False
+    chosen = mode()
+    threads()  # read wherever the mode is, so a bad value fails on every path
     if _HOLD[0] is not None:
         return True
-    return mode() == "background" and not _capturing()
+    return chosen == "background" and not _capturing()
 
 
 # --- the pool ----------------------------------------------------------------------------
