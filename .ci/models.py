@@ -8,8 +8,8 @@ with torch's kernels and inside ``gemsops.use_gems()``. Per model it prints
 * the loss difference and the largest relative gradient difference (over parameters:
   max |g_gems - g_torch| / max |g_torch|, per parameter, the worst one);
 * the aten overloads gemsops handed back to torch, with the reasons (gemsops.record());
-* the compute aten overloads the step ran that gemsops does not serve (a
-  TorchDispatchMode log; views, metadata and factory-free bookkeeping excepted);
+* the compute aten overloads the step ran that gemsops does not implement
+  (:func:`gemsops.trace.trace`: views, metadata and allocation excepted);
 * the eager step time of each side (median of ``--repeats`` steps after a warm-up).
 
 With ``$OUT`` set it writes everything to ``$OUT/models.json``. Without transformers it
@@ -27,25 +27,11 @@ import statistics
 import sys
 import time
 import traceback
-from collections import Counter
 from typing import Any
 
 MODELS = ("llama", "gpt2", "bert", "vit")
 
 # Overloads that move no data through a kernel of their own: views, metadata, aliasing.
-_NOT_COMPUTE_TAGS = ("view_copy",)
-_NOT_COMPUTE = {
-    "view", "_unsafe_view", "reshape", "expand", "permute", "transpose", "t", "slice",
-    "select", "unsqueeze", "squeeze", "as_strided", "alias", "detach", "split",
-    "split_with_sizes", "unbind", "chunk", "narrow", "_reshape_alias", "unflatten",
-    "flatten", "view_as", "expand_as", "lift_fresh", "_to_copy_noop", "empty",
-    "empty_strided", "empty_like", "new_empty", "new_empty_strided", "is_same_size",
-    "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_local_scalar_dense",
-    "set_", "resize_", "_has_compatible_shallow_copy_type", "item", "dim", "size",
-    "stride", "numel", "is_nonzero", "equal", "contiguous", "_unsafe_split",
-}
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,32 +126,12 @@ def _timed(model: Any, inputs: dict[str, Any], repeats: int, sync: Any) -> float
     return statistics.median(times)
 
 
-def _op_log(torch: Any) -> Any:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class OpLog(TorchDispatchMode):
-        """Counts every aten overload that reaches the backend (after autograd)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: Counter[str] = Counter()
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                               kwargs: Any = None) -> Any:
-            packet = func.overloadpacket.__name__
-            if packet.rstrip("_") not in _NOT_COMPUTE and packet not in _NOT_COMPUTE:
-                self.ops[f"{packet}.{func._overloadname}"] += 1
-            return func(*args, **(kwargs or {}))
-
-    return OpLog()
-
-
 def run_model(name: str, args: argparse.Namespace, transformers: Any) -> dict[str, Any]:
     import torch
 
     import gemshal
     import gemsops
-    from gemsops import registry
+    from gemsops.trace import trace
 
     device = gemshal.current_device().torch_device
     module = gemshal.device_module()  # the vendor's torch device module (None on the CPU)
@@ -182,12 +148,8 @@ def run_model(name: str, args: argparse.Namespace, transformers: Any) -> dict[st
     loss_t, grads_t = _step(model, inputs)
     with gemsops.use_gems(), gemsops.record() as rec:
         loss_g, grads_g = _step(model, inputs)
-    served = set(registry.registered_ops()) if hasattr(registry, "registered_ops") else set()
-    with gemsops.use_gems():
-        served = served or set(gemsops.registered_ops())
-        log = _op_log(torch)
-        with log:
-            _step(model, inputs)
+    # what the step calls that gemsops left to torch: gemsops trace's report
+    report = trace(lambda: _step(model, inputs))
     # A gradient's difference relative to the largest gradient of its own tensor, with a
     # floor of 1% of the largest gradient of the model: a gradient that is zero in exact
     # arithmetic (the key projection's bias, which softmax cancels) is rounding noise on
@@ -202,18 +164,6 @@ def run_model(name: str, args: argparse.Namespace, transformers: Any) -> dict[st
         rel = (gg.float() - gt.float()).abs().max().item() / scale
         if rel > worst or worst_name is None:
             worst, worst_name = rel, pname
-    key = gemshal.current_vendor().dispatch_key
-
-    def composite(overload: str) -> bool:
-        # A CompositeExplicitAutograd op without a kernel of its own at the vendor's key
-        # runs through other aten ops (zeros -> empty + zero_), which record() counts.
-        name, variant = overload.split(".")
-        qualname = f"aten::{name}" + ("" if variant == "default" else f".{variant}")
-        has = torch._C._dispatch_has_kernel_for_dispatch_key
-        return not has(qualname, key) and has(qualname, "CompositeExplicitAutograd")
-
-    not_served = sorted(o for o in log.ops if o not in served and not composite(o))
-    through = sorted(o for o in log.ops if o not in served and composite(o))
     model.zero_grad(set_to_none=True)
     _timed(model, inputs, 1, sync)
     torch_ms = _timed(model, inputs, args.repeats, sync)
@@ -229,8 +179,8 @@ def run_model(name: str, args: argparse.Namespace, transformers: Any) -> dict[st
         "worst_param": worst_name,
         "served": dict(rec.served),
         "handed_back": {f"{o}: {r}": n for (o, r), n in rec.fallbacks.items()},
-        "not_implemented": {o: log.ops[o] for o in not_served},
-        "composite": {o: log.ops[o] for o in through},
+        "not_implemented": report.not_implemented,
+        "composite": report.composite,
         "torch_ms": torch_ms,
         "gemsops_ms": gems_ms,
     }

@@ -509,7 +509,7 @@ class Kernel:
         if hit is not None and hit[0] is kwargs:
             return self._fire(state, grid, args, hit[1], device, key, entry, False)
         if entry is None and _compile.SCOPE.defer and _compile.may_defer():
-            self._defer(state, grid, args, kwargs)
+            self._defer(state, grid, args, kwargs, extra)
         ckey, choice, order = self._choose(state, args, kwargs)
         if choice is None:
             return self._benchmark(state, ckey, grid, args, kwargs)
@@ -548,19 +548,34 @@ class Kernel:
         grid: Any,
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
+        extra: tuple[Any, ...],
     ) -> None:
         """Raise KernelCompiling while this launch's kernel compiles on the pool (started
         here on its first launch); return when it has been compiled, or when it cannot be
         compiled off this thread (then the caller's path compiles, or raises the error).
 
-        Compiles are told apart by value (bucket, dtypes, every keyword of the launch), not
-        by the launcher's key: a call whose keywords come in a new dict each time would
-        otherwise start a compile, and be handed back, on every call.
+        Compiles are told apart by value (the call's bucket and rule inputs, its dtypes and
+        keywords), not by the launcher's key: a call whose keywords come in a new dict each
+        time would otherwise start a compile, and be handed back, on every call. A call
+        whose compile is done costs one such key and a set lookup here.
         """
         if state.interpreted and not _compile.holding():
             return  # nothing to compile
+        vkey = (extra, tuple(getattr(a, "dtype", None) for a in args), _frozen(kwargs))
+        if vkey in state.built:
+            return
+        future = state.pending.get(vkey)
+        if future is not None and _compile.lost(future):
+            future = None  # started before this process was forked: start it again
+        if future is not None:
+            if not future.done():
+                raise _compile.KernelCompiling(self.op, self._what(state, args, kwargs))
+            del state.pending[vkey]
+            state.built.add(vkey)
+            return  # compiled: launching finds it in Triton's cache (or fails as it did)
         _ckey, choice, order = self._choose(state, args, kwargs)
         if choice is None:
+            state.built.add(vkey)
             return  # benchmarked: that times launches, so it runs here
         if choice.meta:
             meta: Mapping[str, Any] = choice.meta
@@ -569,23 +584,7 @@ class Kernel:
             fits = [c for c in order if (c.identity(), dtypes) not in state.too_big]
             meta = _meta((fits or order)[0])
         full = self._compute(state, args, kwargs, meta)
-        vkey = (
-            tuple(self._when(state, args, full).values()),
-            tuple(getattr(a, "dtype", None) for a in args),
-            _frozen(full),
-        )
-        if vkey in state.built:
-            return
-        future = state.pending.get(vkey)
-        if future is not None and _compile.lost(future):
-            future = None  # started before this process was forked: start it again
         what = self._what(state, args, full)
-        if future is not None:
-            if not future.done():
-                raise _compile.KernelCompiling(self.op, what)
-            del state.pending[vkey]
-            state.built.add(vkey)
-            return  # compiled: launching finds it in Triton's cache (or fails as it did)
         # hold() under the interpreter defers too, with nothing to compile
         build = _nothing if state.interpreted else self._builder(grid, args, full, what)
         state.pending[vkey] = _compile.submit(build)
@@ -780,10 +779,10 @@ def _nothing() -> None:
     return None
 
 
-def _frozen(full: Mapping[str, Any]) -> tuple[Any, ...]:
+def _frozen(kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
     """A launch's keywords as a hashable value (an unhashable value by its repr)."""
     out = []
-    for name, value in full.items():
+    for name, value in kwargs.items():
         try:
             hash(value)
         except TypeError:
