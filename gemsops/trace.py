@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import runpy
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -178,14 +176,6 @@ def trace(workload: Callable[[], Any]) -> TraceReport:
     return TraceReport(served, dict(rec.fallbacks), not_implemented, left_out, composite)
 
 
-def _model_case() -> None:
-    import gemshal
-    from gemsops import bench_model
-
-    dev = gemshal.current_device()
-    bench_model.run_once(bench_model.TINY_CONFIG if dev.interpreter else bench_model.GPU_CONFIG)
-
-
 def add_parser(sub: Any) -> None:
     """Add the ``trace`` subcommand to the gemsops command line."""
     p = sub.add_parser(
@@ -204,31 +194,14 @@ def add_parser(sub: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     """Check the paths, run the workload, print the report (and write its JSON)."""
     import gemshal
-    from gemsops.bench import output_problem
+    from gemsops.tune_run import refusal, workload
 
-    if args.json:
-        problem = output_problem(args.json)
-        if problem:
-            print(f"gemsops trace: {problem}", file=sys.stderr)
-            return 2
-    if args.script is not None and not os.path.isfile(args.script):
-        print(f"gemsops trace: no script at {args.script!r}", file=sys.stderr)
+    problem = refusal(args.json, args.script)
+    if problem:
+        print(f"gemsops trace: {problem}", file=sys.stderr)
         return 2
-    script_args = [a for a in args.script_args if a != "--"]
-
-    def workload() -> None:
-        if args.script is None:
-            _model_case()
-            return
-        saved = sys.argv
-        sys.argv = [args.script, *script_args]
-        try:
-            runpy.run_path(args.script, run_name="__main__")
-        finally:
-            sys.argv = saved
-
     dev = gemshal.current_device()
-    report = trace(workload)
+    report = trace(workload(args.script, args.script_args))
     what = args.script or "the built-in model case"
     print(f"gemsops trace: {what} on {dev.name} ({dev.vendor.name} {dev.arch.tag})")
     for line in report.lines():

@@ -25,7 +25,7 @@ import runpy
 import signal
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import gemshal
@@ -110,6 +110,34 @@ def _model_case() -> None:
     bench_model.run_once(cfg)
 
 
+def workload(script: str | None, script_args: list[str]) -> Callable[[], None]:
+    """The workload of ``gemsops tune`` and ``gemsops trace``: ``script`` run once as
+    ``__main__`` with ``script_args`` as its arguments, or the built-in model case."""
+
+    def run_script() -> None:
+        assert script is not None
+        saved = sys.argv
+        sys.argv = [script, *(a for a in script_args if a != "--")]
+        try:
+            runpy.run_path(script, run_name="__main__")
+        finally:
+            sys.argv = saved
+
+    return _model_case if script is None else run_script
+
+
+def refusal(output: str | None, script: str | None) -> str | None:
+    """Why a run with this output file and script cannot start (one line), or None."""
+    from gemsops.bench import output_problem
+
+    problem = output_problem(output) if output else None
+    if problem:
+        return problem
+    if script is not None and not os.path.isfile(script):
+        return f"no script at {script!r}"
+    return None
+
+
 class _Stopped(Exception):
     """The tuning run was asked to stop (SIGTERM): write what it measured."""
 
@@ -131,15 +159,7 @@ def run(script: str | None, script_args: list[str]) -> list[dict[str, Any]]:
     before = signal.signal(signal.SIGTERM, stop)
     try:
         with registry.use_gems():
-            if script is None:
-                _model_case()
-            else:
-                saved = sys.argv
-                sys.argv = [script, *script_args]
-                try:
-                    runpy.run_path(script, run_name="__main__")
-                finally:
-                    sys.argv = saved
+            workload(script, script_args)()
     except (_Stopped, KeyboardInterrupt) as why:
         # What was measured so far is kept: the file is written with the buckets met.
         print(f"gemsops tune: stopped ({why or 'interrupted'}); writing the buckets tuned so "
@@ -172,20 +192,14 @@ def add_parser(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Check the output path, run the workload, write the file and a summary."""
-    from gemsops.bench import output_problem
-
     out = os.path.abspath(args.out)
-    problem = output_problem(args.out)
+    problem = refusal(args.out, args.script)
     if problem:
         print(f"gemsops tune: {problem}", file=sys.stderr)
         return 2
-    if args.script is not None and not os.path.isfile(args.script):
-        print(f"gemsops tune: no script at {args.script!r}", file=sys.stderr)
-        return 2
     dev = gemshal.current_device()
     start = time.perf_counter()
-    script_args = [a for a in args.script_args if a != "--"]
-    rows = run(args.script, script_args)
+    rows = run(args.script, args.script_args)
     took = time.perf_counter() - start
     what = args.script or "the built-in model case"
     header = (f"gemsops tune on {dev.name} ({dev.vendor.name} {dev.arch.tag}), "

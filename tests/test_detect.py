@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import gemshal
@@ -114,16 +116,19 @@ def test_nothing_found_falls_back_to_cpu_with_a_full_trace() -> None:
     assert all(str(step).startswith("[") for step in found.trace)
 
 
+def _probing(name: str, probe: Any) -> gemshal.VendorInfo:
+    """A stand-in vendor whose only way to be found is ``probe``."""
+    return gemshal.VendorInfo(name=name, display_name=name, device_type="meta",
+                              dispatch_key="Meta", triton_backends=(name,), probe=probe)
+
+
 def test_a_probe_that_raises_is_reported_not_fatal() -> None:
     """A probe raising an exception shows as an error line; detection goes on."""
 
     def bad_probe(facts: gemshal.Facts) -> gemshal.Claim | None:
         raise RuntimeError("driver exploded")
 
-    bad = gemshal.VendorInfo(
-        name="badprobe", display_name="Bad", device_type="meta", dispatch_key="Meta",
-        triton_backends=("bad",), probe=bad_probe,
-    )  # fmt: skip
+    bad = _probing("badprobe", bad_probe)
     found = detect(facts=StaticFacts(), env={}, candidates=(bad, gemshal.vendor("cpu")))
     assert found.vendor.name == "cpu"
     assert any(s.verdict == "error" and "driver exploded" in s.detail for s in found.trace)
@@ -145,10 +150,7 @@ def test_a_slow_probe_is_named_on_stderr_while_it_runs(
         time.sleep(0.3)
         return None
 
-    slow = gemshal.VendorInfo(
-        name="slowprobe", display_name="Slow", device_type="meta", dispatch_key="Meta",
-        triton_backends=("slow",), probe=slow_probe,
-    )  # fmt: skip
+    slow = _probing("slowprobe", slow_probe)
     found = detect(facts=StaticFacts(), env={}, candidates=(slow, gemshal.vendor("cpu")))
     assert found.vendor.name == "cpu"
     err = capsys.readouterr().err

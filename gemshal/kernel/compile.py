@@ -21,9 +21,9 @@ for every compile started so far (a benchmark calls it after its warm-up).
 ``gemsops tune``) compiles all its candidate configs on the pool first, then times them.
 
 Triton's compiler releases the interpreter lock in its native passes and runs ``ptxas``
-as a subprocess, so threads compile in parallel (two threads on two cores took 0.68x
-the time of one for four matmul configs, on this project's CPU machine). The workers are
-daemon threads: a process may exit with compiles still running.
+as a subprocess, so threads compile in parallel (``.ci/compile_threads.py``: four matmul
+configs took 0.64x the time of one thread on two, on this project's two-core machine).
+The workers are daemon threads: a process may exit with compiles still running.
 """
 
 from __future__ import annotations
