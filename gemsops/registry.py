@@ -434,11 +434,9 @@ def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[...,
             out = fn(*args, **kwargs)
         except Unsupported as why:
             inside.depth = 0
-            scope.defer = False
             return fallback(keyset, why.reason, args, kwargs)
         except KernelCompiling:
             inside.depth = 0
-            scope.defer = False
             return fallback(keyset, COMPILING, args, kwargs)
         except _DELIBERATE:
             raise
@@ -446,7 +444,6 @@ def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[...,
             # A check that could not take the input (say, a dtype test torch.iinfo
             # refuses): torch's kernel answers, or raises torch's own error.
             inside.depth = 0
-            scope.defer = False
             return fallback(keyset, _reason(error), args, kwargs)
         finally:
             inside.depth = 0
