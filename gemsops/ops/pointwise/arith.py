@@ -73,7 +73,7 @@ CLAMP_MIN = Op("clamp_min", M.maximum, "pp", dtypes=NO_BOOL, scalars="checked")
 CLAMP_MAX = Op("clamp_max", M.minimum, "pp", dtypes=NO_BOOL, scalars="checked")
 WHERE = Op("where", M.where, "bpp")
 MASKED_FILL = Op("masked_fill", M.masked_fill, "pbv", P.FIRST, scalars="checked")
-COPY = Op("copy", M.identity, "p")
+COPY = Op("copy", M.identity, "p", keeps_strides=True)
 FILL = Op("fill", M.identity, "v", P.OUTPUT, scalars="checked")
 # Comparisons cast a scalar to the common dtype (float16 x == 1e30 compares with inf).
 COMPARE = {name: Op(name, getattr(M, name), "pp", P.ALWAYS_BOOL, scalars="common")

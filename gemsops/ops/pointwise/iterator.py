@@ -341,7 +341,7 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
     else:
         args = [*operands, None, None][:3]
     if out is None:
-        if 1 in shape and op.name != "copy":  # type: ignore[operator]
+        if 1 in shape and not op.keeps_strides:  # type: ignore[operator]
             out = _output_with_unit_dims(first, plan.result, bool(plan.scalars))
         else:
             # Contiguous without size-1 dims: the one contiguous layout. A copy (clone,

@@ -81,6 +81,9 @@ class PointwiseOp:
             its range, as ``Scalar.to<T>()`` (clamp, fill values).
         half_body: A cheaper element function for float16 and bfloat16 results, whose
             error stays far below half an ulp of those types; None: ``body`` always.
+        keeps_strides: The result takes its input's strides, size-1 dims included, as
+            aten's ``empty_like`` gives them (a copy: clone, ``_to_copy``); otherwise
+            TensorIterator's layout.
     """
 
     name: str
@@ -90,6 +93,7 @@ class PointwiseOp:
     dtypes: frozenset[torch.dtype] = attrs.field(default=ALL_DTYPES, converter=_dtype_set)
     scalars: str = "compute"
     half_body: Any = None
+    keeps_strides: bool = False
 
 
 # --- dtypes -----------------------------------------------------------------------
