@@ -23,6 +23,7 @@ from gemsops import declare, registry
 from gemsops.errors import Unsupported
 from gemsops.ops.pointwise import activation as act
 from gemsops.ops.pointwise import arith as pw
+from gemsops.ops.pointwise.iterator import run
 from gemsops.ops.pointwise.types import overflows
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import (
@@ -211,6 +212,45 @@ def test_div_floor_near_integer_quotients() -> None:
         expected = torch.div(a.cpu(), b.cpu(), rounding_mode="floor")
         torch.testing.assert_close(pw.div(a, b, rounding_mode="floor").cpu(), expected,
                                    rtol=0, atol=0)
+
+
+def test_div_trunc_half_quotient_near_an_integer() -> None:
+    """A float16 quotient just below an integer truncates as torch does: rounded first.
+
+    2.998046875 / 0.99951171875 is 2.99951... in float32 and 3.0 once rounded to
+    float16; torch's CUDA kernel and its vectorised CPU loop truncate the latter.
+    """
+    dev = target_device()
+    a = torch.tensor([2.998046875, -2.998046875, 7.0], dtype=torch.float16, device=dev)
+    b = torch.tensor([0.99951171875, 0.99951171875, 2.0], dtype=torch.float16, device=dev)
+    expected = torch.div(a, b, rounding_mode="trunc")
+    assert expected.tolist() == [3.0, -3.0, 3.0]  # the case this test is about
+    torch.testing.assert_close(pw.div(a, b, rounding_mode="trunc"), expected, rtol=0, atol=0)
+    x = torch.tensor([0.3, 6.0, -6.0, 1e4, 2.998046875], dtype=torch.float32, device=dev)
+    for divisor in (0.1, torch.tensor(0.1, dtype=torch.float64), 0.99951171875):  # host scalars
+        for dtype in (torch.float32, torch.float16):
+            torch.testing.assert_close(pw.div(x.to(dtype), divisor, rounding_mode="trunc"),
+                                       torch.div(x.to(dtype), divisor, rounding_mode="trunc"),
+                                       rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@given(pair=operand_pairs(dtypes=(torch.float32,)))
+def test_div_trunc_bodies_round_as_torchs_kernels(
+        dtype: torch.dtype, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Half types give trunc(round(a / b)); the CUDA scalar body gives trunc(a * (1 / b)).
+
+    Checked on any device against those formulas written in torch, so the interpreter
+    tests the body the H200 runs for a scalar divisor.
+    """
+    a, b = (x.to(dtype) for x in pair)
+    expected = torch.trunc((a.float() / b.float()).to(dtype).float()).to(dtype)
+    torch.testing.assert_close(pw.div(a, b, rounding_mode="trunc"), expected,
+                               rtol=0, atol=0, equal_nan=True)
+    inv = 1.0 / torch.tensor(0.3, dtype=torch.float32)
+    expected = torch.trunc(a.float() * inv.to(a.device)).to(dtype)
+    torch.testing.assert_close(run(pw.DIV_TRUNC_RECIPROCAL, (a, 0.3)), expected,
+                               rtol=0, atol=0, equal_nan=True)
 
 
 @given(x=tensors(dtypes=(torch.int32, torch.int64, torch.int8, torch.uint8)),

@@ -62,6 +62,15 @@ DIV = {
     "trunc": Op("div", M.div_trunc, "pp", dtypes=NO_BOOL),
     "floor": Op("div", M.div_floor, "pp", dtypes=NO_BOOL),
 }
+# torch truncates a float16 or bfloat16 quotient of two tensors after rounding it to that
+# type (its vectorised CPU loop and its CUDA kernel both divide in the half type); a host
+# scalar divisor it divides by in float32, and its CUDA kernel multiplies by the scalar's
+# reciprocal instead.
+DIV_TRUNC_HALF = {
+    torch.float16: Op("div", M.div_trunc_f16, "pp", dtypes=NO_BOOL),
+    torch.bfloat16: Op("div", M.div_trunc_bf16, "pp", dtypes=NO_BOOL),
+}
+DIV_TRUNC_RECIPROCAL = Op("div", M.div_trunc_reciprocal, "pp", dtypes=NO_BOOL)
 NEG = Op("neg", M.neg, "p", dtypes=NO_BOOL)
 ABS = Op("abs", M.absolute, "p", dtypes=NO_BOOL)
 SIGN = Op("sign", M.sign, "p")
@@ -187,7 +196,23 @@ def div(self: Tensor, other: Value, *, rounding_mode: str | None = None,
     if rounding_mode is not None and not result_type([self, other]).is_floating_point \
             and _has_zero(other):
         raise Unsupported("integer division by zero")  # torch's CPU kernel raises
+    if rounding_mode == "trunc":
+        op_ = _div_trunc(self, other)
     return run(op_, (self, other), out=out, inplace=inplace)
+
+
+def _div_trunc(self: Tensor, other: Value) -> Op:
+    """The trunc division body that gives torch's answer for these operands (see DIV_TRUNC_HALF).
+
+    (torch's CPU kernel has one more case, not followed: a single-element float16 pair
+    takes its scalar loop, which truncates the float32 quotient.)
+    """
+    common = result_type([self, other])
+    if not common.is_floating_point:
+        return DIV["trunc"]
+    if not isinstance(other, Tensor) or (other.dim() == 0 and other.device.type == "cpu"):
+        return DIV_TRUNC_RECIPROCAL if device_type() == "cuda" else DIV["trunc"]
+    return DIV_TRUNC_HALF.get(common, DIV["trunc"])
 
 
 # --- pow --------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from gemsops.ops.pointwise.codegen import to_half
+
 # --- helpers ---------------------------------------------------------------------
 
 _NAN = tl.constexpr(float("nan"))
@@ -180,6 +182,24 @@ def div_trunc(a, b):
     else:
         r = a // b  # Triton's integer // truncates, like C
     return r
+
+
+@triton.jit
+def div_trunc_f16(a, b):
+    """trunc of ``a / b`` with the quotient rounded to float16 first (torch's CUDA kernel)."""
+    return _trunc(to_half(_fdiv(a, b), tl.float16).to(tl.float32))
+
+
+@triton.jit
+def div_trunc_bf16(a, b):
+    """trunc of ``a / b`` with the quotient rounded to bfloat16 first (torch's CUDA kernel)."""
+    return _trunc(to_half(_fdiv(a, b), tl.bfloat16).to(tl.float32))
+
+
+@triton.jit
+def div_trunc_reciprocal(a, b):
+    """trunc of ``a * (1 / b)``: torch's CUDA kernel for a divisor that is a host scalar."""
+    return _trunc(a * _fdiv(1.0, b))
 
 
 @triton.jit
