@@ -1,7 +1,7 @@
 """Model steps on the GPU: steady-state step times, first steps, and generation.
 
     python3 .ci/steps.py steady [--models llama,gpt2,bert,vit,llama508m] [--repeats 10]
-    python3 .ci/steps.py first MODEL [--side torch]  # a fresh process: build, then a step
+    python3 .ci/steps.py first MODEL [--side torch] [--profile FILE]  # fresh process
     python3 .ci/steps.py generate [--tokens 64]
     gemsops tune --out FILE --script .ci/steps.py -- workload   # the sm90 tables' workload
 
@@ -146,7 +146,12 @@ def steady(models: list[str], repeats: int) -> None:
         torch.cuda.empty_cache()
 
 
-def first(name: str, side: str) -> None:
+def first(name: str, side: str, profile: str | None = None) -> None:
+    """The first step's wall time; with ``profile``, that step runs under cProfile (the
+    main thread only) and the functions by cumulative and by own time go to that file."""
+    import cProfile
+    import pstats
+
     t0 = time.perf_counter()
     model, inputs, opt = _build(name)
     torch.cuda.synchronize()
@@ -154,10 +159,19 @@ def first(name: str, side: str) -> None:
     out: dict[str, Any] = {"model": name, "side": side, "build_s": round(built, 2),
                            "compile": compile_mode()}
     with gemsops.use_gems() if side == "gemsops" else _null(), gemsops.record() as rec:
+        prof = cProfile.Profile() if profile else None
         t = time.perf_counter()
+        if prof is not None:
+            prof.enable()
         _step(model, inputs, opt)
         torch.cuda.synchronize()
         out["first_step_s"] = round(time.perf_counter() - t, 2)
+        if prof is not None and profile is not None:
+            prof.disable()
+            with open(profile, "w") as f:
+                stats = pstats.Stats(prof, stream=f)
+                stats.sort_stats("cumulative").print_stats(45)
+                stats.sort_stats("tottime").print_stats(45)
         print(json.dumps(out), flush=True)
         if side == "gemsops":
             out["first_step_handed_back_compiling"] = sum(
@@ -270,11 +284,12 @@ def main(argv: list[str]) -> None:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--side", choices=("gemsops", "torch"), default="gemsops")
+    p.add_argument("--profile", help="first: cProfile the first step into this file")
     a = p.parse_args(argv)
     if a.what == "steady":
         steady(a.models.split(","), a.repeats)
     elif a.what == "first":
-        first(a.model, a.side)
+        first(a.model, a.side, a.profile)
     elif a.what == "profile":
         profile_generate(a.tokens)
     elif a.what == "workload":

@@ -14,6 +14,7 @@ from typing import Any
 
 from gemsops import declare as _declare
 from gemsops import tuning as _tuning
+from gemsops.compiler import compile_backend as compile_backend
 from gemsops.declare import op as op
 from gemsops.errors import GemsopsError as GemsopsError
 from gemsops.errors import UnknownOpError as UnknownOpError
@@ -36,6 +37,7 @@ _BASE_ALL = (
     "GemsopsError",
     "UnknownOpError",
     "Unsupported",
+    "compile_backend",
     "disable",
     "enable",
     "op",
