@@ -28,12 +28,18 @@ def test_tune_writes_a_file_whose_rows_the_kernels_then_launch(
     """`gemsops tune` runs the model case once and writes a tuning file (on the interpreter:
     the entry's first config per bucket, since nothing can be benchmarked there); given as
     GEMS_TUNE_CONFIG, the file loads as the user's file and the same workload meets every
-    bucket it names."""
+    bucket the run tuned again. Rows for buckets the run did not meet are the shipped
+    table's own (on the CPU there are none)."""
     monkeypatch.delenv("GEMS_TUNE_CONFIG", raising=False)
     monkeypatch.setenv("GEMS_AUTOTUNE", "0")  # tune sets "all" for its run; restored below
     out = tmp_path / "tuned.toml"
+
+    def bucket(op_name: str, when: Any) -> tuple[str, str]:
+        return op_name, str(sorted(dict(when).items()))
+
     try:
         assert main(["tune", "--out", str(out)]) == 0
+        tuned = {bucket(c["op"], c["when"]) for c in decorator.choices()}
     finally:
         os.environ["GEMS_AUTOTUNE"] = "0"  # monkeypatch restores the original at teardown
         tune.clear_cache()
@@ -59,14 +65,20 @@ def test_tune_writes_a_file_whose_rows_the_kernels_then_launch(
         with registry.use_gems():
             bench_model.run_once(cfg)  # the workload tune ran
         # Under the interpreter the pinned config runs; what matters is that every bucket
-        # the file names was met again (the same workload, the same buckets).
-        met = {(c["op"], str(sorted(c["when"].items()))) for c in decorator.choices()}
-        named = {(op_name, str(sorted(dict(row.when).items())))
+        # the run tuned was met again (the same workload, the same buckets).
+        met = {bucket(c["op"], c["when"]) for c in decorator.choices()}
+        named = {bucket(op_name, row.when)
                  for op_name, entry in parsed.ops.items() for row in entry.table}
-        assert named <= met
+        assert tuned and tuned <= named
+        assert tuned <= met
     finally:
         monkeypatch.delenv("GEMS_TUNE_CONFIG")
         tune.clear_cache()
+    shipped = {bucket(op_name, row.when) for op_name in parsed.ops
+               for row in tune.lookup(op_name).table}
+    assert named - tuned <= shipped
+    if interpreted:
+        assert named == tuned
 
 
 def test_tune_refuses_an_unwritable_output_before_running(

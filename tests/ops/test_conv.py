@@ -198,3 +198,21 @@ def test_out_overload_writes_the_given_tensor() -> None:
         torch.ops.aten.convolution.out(x, w, b, *_conv_args([4, 4]), out=out)
     assert rec.served["convolution.out"] == 1, rec.summary()
     assert_close(out, reference(F.conv2d, x, w, b, stride=4), reduce_size=48 * 4)
+
+
+@pytest.mark.parametrize("weight_channels_last", [False, True])
+@pytest.mark.parametrize("shape", [(0, 2, 1, 2), (0, 2, 3, 3), (0, 1, 2, 2), (0, 2, 2, 1)])
+def test_empty_input_is_laid_out_as_torch_lays_it(shape: tuple[int, ...],
+                                                  weight_channels_last: bool) -> None:
+    """An empty batch gives an empty result in torch's layout: the input's where the
+    result's shape is the input's (2 output channels here), contiguous otherwise."""
+    for o in (2, 3):
+        x = torch.randn(*shape).to(DEV, torch.float16)
+        weight = torch.randn(o, shape[1], 1, 1).to(DEV, torch.float16)
+        if weight_channels_last:
+            weight = weight.contiguous(memory_format=torch.channels_last)
+        else:
+            x = x.contiguous(memory_format=torch.channels_last)
+        out = C.convolution(x, weight, None, *_conv_args([1, 1]))
+        assert out.shape == (0, o, shape[2], shape[3]) and out.dtype == torch.float16
+        _same_layout(out, _torch_float32(F.conv2d, x, weight, None, [1, 1]))

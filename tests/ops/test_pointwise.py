@@ -196,11 +196,24 @@ def test_python_scalars(name: str, x: torch.Tensor, value: Any, swap: bool) -> N
 @pytest.mark.parametrize("mode", ["trunc", "floor"])
 @given(pair=operand_pairs(dtypes=NUMERIC))
 def test_div_rounding(mode: str, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """div with rounding_mode matches torch for floats (inf, nan, -0.0) and signed integers."""
+    """div with rounding_mode gives torch's or the exact answer for floats (inf, nan, -0.0),
+    and torch's for signed integers."""
     a, b = pair
     if not b.dtype.is_floating_point:
         b = torch.where(b == 0, torch.ones_like(b), b)  # integer division by zero raises in torch
-    check(pw.div(a, b, rounding_mode=mode), torch.div, a, b, rounding_mode=mode)
+    actual = pw.div(a, b, rounding_mode=mode)
+    if actual.dtype.is_floating_point and actual.numel():
+        # Rounding is not continuous: where torch's kernel rounds the quotient in the half
+        # type before truncating, its integer differs from the float64 reference's by one.
+        # Each element must be torch's own or the reference's.
+        native = torch.div(a, b, rounding_mode=mode).cpu()
+        expected = reference(torch.div, a, b, rounding_mode=mode).to(actual.dtype)
+        got = actual.cpu()
+        same = (got == native) | (got == expected) | (got.isnan() & native.isnan())
+        assert bool(same.all()), (got[~same], native[~same], expected[~same])
+        assert actual.dtype == native.dtype and actual.shape == native.shape
+        return
+    check(actual, torch.div, a, b, rounding_mode=mode)
 
 
 def test_div_floor_near_integer_quotients() -> None:

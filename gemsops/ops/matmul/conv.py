@@ -116,7 +116,7 @@ def _channels_last(t: Tensor) -> bool:
 
 def _memory_format(input: Tensor, weight: Tensor) -> torch.memory_format:
     """torch's layout for the result and the gradients: channels-last when the input or
-    the weight is (an empty input gives a contiguous result, as torch's empty path)."""
+    the weight is (an empty input: see ``convolution``)."""
     if input.numel() and (_channels_last(input) or _channels_last(weight)):
         return torch.channels_last
     return torch.contiguous_format
@@ -179,6 +179,12 @@ def convolution(
     if bias is not None and tuple(bias.shape) != (o,):
         raise Unsupported(f"convolution with a bias of shape {list(bias.shape)} for {o} "
                           "output channels (torch raises)")
+    if input.numel() == 0:
+        # An empty input gives an empty result (an empty weight is refused above). torch's
+        # empty path lays it out as the input where the shapes agree, else contiguous.
+        if tuple(input.shape) == (n, o, ho, wo):
+            return torch.empty_like(input)
+        return input.new_empty((n, o, ho, wo))
     channels_last = _memory_format(input, weight) == torch.channels_last
     patches = _patches(input, kh, kw, channels_last)
     w2 = _weight_matrix(weight, channels_last)

@@ -64,8 +64,8 @@ DIV = {
 }
 # torch truncates a float16 or bfloat16 quotient of two tensors after rounding it to that
 # type (its vectorised CPU loop and its CUDA kernel both divide in the half type); a host
-# scalar divisor it divides by in float32, and its CUDA kernel multiplies by the scalar's
-# reciprocal instead.
+# scalar divisor it divides by in float32 on the CPU, while its device kernels (CUDA,
+# XPU) multiply by the scalar's reciprocal instead.
 DIV_TRUNC_HALF = {
     torch.float16: Op("div", M.div_trunc_f16, "pp", dtypes=NO_BOOL),
     torch.bfloat16: Op("div", M.div_trunc_bf16, "pp", dtypes=NO_BOOL),
@@ -211,7 +211,8 @@ def _div_trunc(self: Tensor, other: Value) -> Op:
     if not common.is_floating_point:
         return DIV["trunc"]
     if not isinstance(other, Tensor) or (other.dim() == 0 and other.device.type == "cpu"):
-        return DIV_TRUNC_RECIPROCAL if device_type() == "cuda" else DIV["trunc"]
+        # off the CPU: torch's CUDA (and XPU) kernels take the reciprocal
+        return DIV["trunc"] if device_type() == "cpu" else DIV_TRUNC_RECIPROCAL
     return DIV_TRUNC_HALF.get(common, DIV["trunc"])
 
 
