@@ -196,7 +196,7 @@ def compile_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         example_inputs: Its inputs.
         mode: As ``torch.compile``'s for Inductor (``"reduce-overhead"``: CUDA graphs).
         options: ``keep`` (op names or overloads to serve with gemsops' kernels; default
-            :data:`DEFAULT_KEEP`); ``mode``, as the argument (``torch.compile`` refuses
+            :data:`gemsops.compiler.DEFAULT_KEEP`); ``mode``, as the argument (``torch.compile`` refuses
             ``mode=`` beside ``options=``); any other key is an Inductor config setting.
     """
     from torch._inductor import list_mode_options
