@@ -5,7 +5,7 @@
 Per model (the 4-layer configs of .ci/steps.py), one process: eager torch's loss and
 gradients of one training step (no optimizer) as the reference, then each
 configuration compiled fresh (``torch._dynamo.reset()``): its first call (compile time),
-3 warm-up steps, the median of 10 steps, the loss difference and the largest relative
+3 warm-up steps, the median of 20 steps, the loss difference and the largest relative
 gradient difference against eager, and for gemsops the overloads each graph keeps.
 Configurations: ``inductor``, ``inductor-ro`` (``mode="reduce-overhead"``), and
 ``gemsops-<set>`` / ``gemsops-<set>-ro`` for each keep set in ``KEEP_SETS``. One JSON
@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import steps  # (.ci/steps.py: the models)
 
 from gemsops import compiler
+
+REPEATS = 20
 
 KEEP_SETS: dict[str, list[str]] = {
     "matmul": ["mm", "addmm", "bmm"],
@@ -65,6 +67,7 @@ def _configs(sets: list[str]) -> list[tuple[str, dict[str, Any]]]:
 
 def run(name: str, sets: list[str], deadline: float, sink: Any) -> None:
     model, inputs, _ = steps._build(name)
+    model.eval()  # dropout off (GPT-2, BERT, ViT): every run computes the same step
     ref_loss, ref_grads = _one(model, inputs)
     for label, kwargs in _configs(sets):
         if time.monotonic() > deadline:
@@ -85,7 +88,7 @@ def run(name: str, sets: list[str], deadline: float, sink: Any) -> None:
             for _ in range(3):
                 loss, grads = _one(compiled, inputs)
             times = []
-            for _ in range(10):
+            for _ in range(REPEATS):
                 torch.cuda.synchronize()
                 t = time.perf_counter()
                 _one_fast(compiled, inputs)

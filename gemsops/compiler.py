@@ -195,10 +195,12 @@ def compile_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         gm: The graph dynamo captured.
         example_inputs: Its inputs.
         mode: As ``torch.compile``'s for Inductor (``"reduce-overhead"``: CUDA graphs).
-        options: ``keep`` (op names or overloads to serve with gemsops' kernels; default
-            :data:`gemsops.compiler.DEFAULT_KEEP`); ``mode``, as the argument (``torch.compile`` refuses
-            ``mode=`` beside ``options=``); any other key is an Inductor config setting.
+        options: ``keep`` (op names or overloads to serve with gemsops' kernels;
+            default :data:`gemsops.compiler.DEFAULT_KEEP`); ``mode``, as the argument
+            (``torch.compile`` refuses ``mode=`` beside ``options=``); any other key is
+            an Inductor config setting.
     """
+    from torch._functorch import config as functorch_config
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
@@ -221,7 +223,11 @@ def compile_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         _graphs.append(_swap(graph, keep, label))
         return compile_fx_inner(graph, inputs, **kwargs)
 
-    compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
-        gm, example_inputs, inner_compile=inner, config_patches=patches,
-        decompositions=decompositions)
+    # AOT autograd's cache sits above inner_compile and its key does not see the graph
+    # pass: it would hand back a graph compiled with another keep set (or by Inductor
+    # alone). Inductor's own cache, inside compile_fx_inner, keys the swapped graph.
+    with functorch_config.patch(enable_autograd_cache=False):
+        compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
+            gm, example_inputs, inner_compile=inner, config_patches=patches,
+            decompositions=decompositions)
     return compiled

@@ -39,7 +39,9 @@ def test_tune_writes_a_file_whose_rows_the_kernels_then_launch(
 
     try:
         assert main(["tune", "--out", str(out)]) == 0
-        tuned = {bucket(c["op"], c["when"]) for c in decorator.choices()}
+        # the buckets the run benchmarked (on the interpreter: every bucket, pinned)
+        tuned = {bucket(c["op"], c["when"]) for c in decorator.choices()
+                 if c["how"] == "benchmark" or gemshal.current_device().interpreter}
     finally:
         os.environ["GEMS_AUTOTUNE"] = "0"  # monkeypatch restores the original at teardown
         tune.clear_cache()
