@@ -517,6 +517,10 @@ def _autograd_key(key: str) -> str | None:
 
 def _register(overloads: frozenset[str]) -> _Active:
     impls = implementations()
+    if not gemshal.current_device().interpreter:
+        from gemshal.kernel.compile import prewarm
+
+        prewarm()  # Triton's own cache key, before the first compile needs it
     backend = gemshal.current_vendor().dispatch_key
     autograd = _autograd_key(backend)
     library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]

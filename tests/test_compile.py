@@ -110,10 +110,12 @@ def test_nothing_defers_outside_deferring_in_wait_mode_or_while_capturing(
 
 def test_a_failed_background_compile_fails_the_next_launch_here(gpu: Path) -> None:
     """A compile that fails on the pool is not swallowed: the launch after it compiles on
-    the calling thread and raises that error."""
+    the calling thread and raises that error (at once, where the failed compile was
+    quick and nothing else compiled)."""
 
     class Broken(FakeJit):
         def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+            time.sleep(2 * bg.QUICK_S)
             raise ValueError("out of registers (stand-in)")
 
     k = declare("k", key=["n"])(Broken())
@@ -124,6 +126,59 @@ def test_a_failed_background_compile_fails_the_next_launch_here(gpu: Path) -> No
         assert bg.wait_compiles(timeout=10)
         with pytest.raises(ValueError, match="out of registers"):
             k[(1,)](x, 1000)
+
+    class Quick(FakeJit):
+        def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+            raise ValueError("out of registers (stand-in)")
+
+    quick = declare("k", key=["n"])(Quick())
+    with bg.deferring(), pytest.raises(ValueError, match="out of registers"):
+        quick[(1,)](x, 1000)
+
+
+def test_a_quick_compile_launches_at_once_unless_another_compile_runs(gpu: Path) -> None:
+    """With no other compile running, a first launch waits up to QUICK_S for its own (a
+    kernel in Triton's disk cache loads in milliseconds) and launches it; while a slow
+    compile runs, a first launch hands the call back at once."""
+
+    class Slow(FakeJit):
+        def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+            if warmup and args[1] > 4000:
+                time.sleep(0.5)
+            super().run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    fake = Slow()
+    k = declare("k", key=["n"])(fake)
+    x = torch.empty(4)
+    with bg.deferring():
+        k[(1,)](x, 1000)  # quick, pool idle: compiled and launched by this call
+        assert len(fake.launches) == 1
+        with pytest.raises(bg.KernelCompiling):
+            k[(1,)](x, 9000)  # slow: left to the pool
+        with pytest.raises(bg.KernelCompiling):
+            k[(1,)](x, 2000)  # quick, but the slow one still runs: not waited for
+        started = time.monotonic()
+        assert bg.wait_compiles(timeout=10)
+        assert time.monotonic() - started > 0.2
+        k[(1,)](x, 9000)
+        k[(1,)](x, 2000)
+    assert len(fake.launches) == 3 and len(fake.warmups) == 3
+
+
+def test_prewarm_computes_tritons_key_once_on_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prewarm() starts Triton's own cache key on a daemon thread, once per process."""
+    from gemshal import _triton
+
+    calls: list[str] = []
+    monkeypatch.setattr(_triton, "warm_cache_key", lambda: calls.append(
+        threading.current_thread().name))
+    monkeypatch.setattr(bg, "_PREWARMED", threading.Event())
+    bg.prewarm()
+    bg.prewarm()
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert calls == ["gemshal-triton-key"]
 
 
 def test_a_background_compile_prints_its_progress_line(

@@ -24,6 +24,14 @@ Triton's compiler releases the interpreter lock in its native passes and runs ``
 as a subprocess, so threads compile in parallel (``.ci/compile_threads.py``: four matmul
 configs took 0.64x the time of one thread on two, on this project's two-core machine).
 The workers are daemon threads: a process may exit with compiles still running.
+
+**A warm cache.** A kernel already in Triton's on-disk cache loads in milliseconds. So a
+first launch that finds no other compile running waits up to :data:`QUICK_S` for its
+own (:func:`settle`): in a process whose kernels are all cached, each loads and the
+first step runs gemsops' kernels, where handing every call back would have cost more
+than the loads. A compile that takes longer is left running; while any is, first
+launches do not wait. :func:`prewarm` computes Triton's own cache key (0.4 s, once per
+process) on a thread when gemsops registers its kernels, before the first compile.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ __all__ = [
     "hold",
     "mode",
     "pending",
+    "prewarm",
+    "settle",
     "submit",
     "threads",
     "wait_compiles",
@@ -56,6 +66,8 @@ __all__ = [
 COMPILE_ENV = "GEMS_COMPILE"
 THREADS_ENV = "GEMS_COMPILE_THREADS"
 MODES = ("background", "wait")
+QUICK_S = 0.05
+"""How long a first launch waits for its compile when no other compile was running."""
 """``GEMS_COMPILE`` values: compile first launches on worker threads where the caller can
 serve the call another way (the default), or always on the calling thread."""
 
@@ -244,6 +256,36 @@ _HOLD: list[threading.Event | None] = [None]
 def submit(fn: Callable[[], Any]) -> Future[Any]:
     """Run ``fn`` (a compile) on a worker thread; its future holds the result or error."""
     return _POOL.submit(fn)
+
+
+def settle(future: Future[Any]) -> bool:
+    """Wait up to :data:`QUICK_S` for ``future`` (a compile just submitted with no other
+    running); whether it finished (or failed) in that time. Never waits under
+    :func:`hold`, whose workers start only when the test says."""
+    if _HOLD[0] is not None:
+        return False
+    try:
+        future.exception(timeout=QUICK_S)
+    except TimeoutError:
+        return False
+    return True
+
+
+_PREWARMED = threading.Event()
+
+
+def prewarm() -> None:
+    """Start computing Triton's own cache key on a daemon thread (once per process)."""
+    if _PREWARMED.is_set():
+        return
+    _PREWARMED.set()
+    from gemshal import _triton
+
+    def warm() -> None:
+        with contextlib.suppress(Exception):  # the first compile computes it instead
+            _triton.warm_cache_key()
+
+    threading.Thread(target=warm, name="gemshal-triton-key", daemon=True).start()
 
 
 def lost(future: Future[Any]) -> bool:

@@ -587,7 +587,15 @@ class Kernel:
         what = self._what(state, args, full)
         # hold() under the interpreter defers too, with nothing to compile
         build = _nothing if state.interpreted else self._builder(grid, args, full, what)
-        state.pending[vkey] = _compile.submit(build)
+        idle = not state.interpreted and _compile.pending() == 0
+        future = _compile.submit(build)
+        state.pending[vkey] = future
+        if idle and _compile.settle(future):
+            # No other compile was running and this one was quick (Triton's disk cache
+            # had it): launch it now rather than hand the call back.
+            del state.pending[vkey]
+            state.built.add(vkey)
+            return
         raise _compile.KernelCompiling(self.op, what)
 
     def _builder(
