@@ -166,18 +166,22 @@ def test_a_quick_compile_launches_at_once_unless_another_compile_runs(gpu: Path)
 
 
 def test_prewarm_computes_tritons_key_once_on_a_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """prewarm() starts Triton's own cache key on a daemon thread, once per process."""
+    """prewarm() starts Triton's own cache key on a daemon thread, once per process, and
+    prewarmed() waits for it."""
     from gemshal import _triton
 
     calls: list[str] = []
-    monkeypatch.setattr(_triton, "warm_cache_key", lambda: calls.append(
-        threading.current_thread().name))
+
+    def slow_key() -> None:
+        time.sleep(0.2)
+        calls.append(threading.current_thread().name)
+
+    monkeypatch.setattr(_triton, "warm_cache_key", slow_key)
     monkeypatch.setattr(bg, "_PREWARMED", threading.Event())
+    monkeypatch.setattr(bg, "_PREWARM", [])
     bg.prewarm()
     bg.prewarm()
-    deadline = time.monotonic() + 5
-    while not calls and time.monotonic() < deadline:
-        time.sleep(0.01)
+    bg.prewarmed()  # compiles wait for it: the key is then computed once
     assert calls == ["gemshal-triton-key"]
 
 

@@ -264,6 +264,7 @@ def settle(future: Future[Any]) -> bool:
     :func:`hold`, whose workers start only when the test says."""
     if _HOLD[0] is not None:
         return False
+    prewarmed()  # a compile meanwhile would compute Triton's key itself, too slowly
     try:
         future.exception(timeout=QUICK_S)
     except TimeoutError:
@@ -272,6 +273,7 @@ def settle(future: Future[Any]) -> bool:
 
 
 _PREWARMED = threading.Event()
+_PREWARM: list[threading.Thread] = []
 
 
 def prewarm() -> None:
@@ -285,7 +287,18 @@ def prewarm() -> None:
         with contextlib.suppress(Exception):  # the first compile computes it instead
             _triton.warm_cache_key()
 
-    threading.Thread(target=warm, name="gemshal-triton-key", daemon=True).start()
+    thread = threading.Thread(target=warm, name="gemshal-triton-key", daemon=True)
+    _PREWARM.append(thread)
+    thread.start()
+
+
+def prewarmed(timeout: float = 5.0) -> None:
+    """Wait (up to ``timeout`` seconds) for :func:`prewarm`'s thread, if one runs: a
+    compile started meanwhile would compute Triton's key a second time, sharing the
+    interpreter lock with it. Compiles on the pool call this first."""
+    for thread in _PREWARM:
+        if thread is not threading.current_thread():
+            thread.join(timeout)
 
 
 def lost(future: Future[Any]) -> bool:

@@ -608,6 +608,7 @@ class Kernel:
         where = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
 
         def compile_only() -> None:
+            _compile.prewarmed()
             if where is not None and where.type != "cpu":
                 from gemshal.device import device_guard
 
