@@ -41,7 +41,9 @@ __all__ = ["DEFAULT_KEEP", "CompiledGraph", "compile_backend", "graphs", "kept_o
 
 DEFAULT_KEEP: frozenset[str] = frozenset()
 """Overloads kept when ``options`` names none: the ones whose kernels measured faster than
-Inductor's own in a compiled model step (docs/compile.md has the measurement)."""
+Inductor's own in a compiled model step. None yet: on the H200, keeping every keepable
+overload made 4-layer Llama, GPT-2, BERT and ViT steps 1.2-3.0x Inductor's
+(docs/compile.md)."""
 
 _LIB_NAME = "gemsops"
 _lock = threading.Lock()

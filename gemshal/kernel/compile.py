@@ -49,6 +49,7 @@ from gemshal.errors import ConfigError
 __all__ = [
     "COMPILE_ENV",
     "MODES",
+    "QUICK_S",
     "THREADS_ENV",
     "KernelCompiling",
     "deferring",
@@ -56,6 +57,7 @@ __all__ = [
     "mode",
     "pending",
     "prewarm",
+    "prewarmed",
     "settle",
     "submit",
     "threads",
