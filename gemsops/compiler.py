@@ -71,12 +71,6 @@ def graphs() -> list[CompiledGraph]:
     return list(_graphs)
 
 
-def _aten(overload: str) -> torch._ops.OpOverload:
-    name, _, over = overload.partition(".")
-    packet = getattr(torch.ops.aten, name)
-    return getattr(packet, over or "default")  # type: ignore[no-any-return]
-
-
 def _overload_name(op: torch._ops.OpOverload) -> str:
     """``aten.mm.default`` -> ``mm.default``, as gemsops' tables spell overloads."""
     return f"{op._schema.name.split('::', 1)[1]}.{op._overloadname}"
@@ -114,7 +108,7 @@ def kept_op(overload: str) -> torch._ops.OpOverload:
         op = _kept.get(overload)
         if op is not None:
             return op
-        aten = _aten(overload)
+        aten = registry.aten_overload(overload)
         why = _why_not(aten._schema)
         if why is not None:
             raise GemsopsError(f"aten::{overload} cannot be kept in a compiled graph: {why}")
@@ -130,10 +124,7 @@ def _define(overload: str, aten: torch._ops.OpOverload,
     text = str(aten._schema)
     _library.define(name + text[text.index("("):])
     key = gemshal.current_vendor().dispatch_key
-    original = registry._torch_kernel(overload.removesuffix(".default"), key)
-    if original is None:
-        original = registry._NoTorchKernel(overload.removesuffix(".default"), key)
-    kernel = registry._wrap(overload, impl, original)
+    kernel, _alone = registry.served_kernel(overload, impl, key)
     _library.impl(name, kernel, key, with_keyset=True)
 
     def fake(*args: Any, **kwargs: Any) -> Any:
@@ -156,7 +147,7 @@ def _resolve_keep(keep: Iterable[str] | str | None) -> dict[torch._ops.OpOverloa
                                         if "." in k}
     out: dict[torch._ops.OpOverload, str] = {}
     for overload in sorted(names):
-        aten = _aten(overload)
+        aten = registry.aten_overload(overload)
         why = _why_not(aten._schema)
         if why is not None:
             if overload in exact:

@@ -36,6 +36,7 @@ from gemsops.promotion import FLOAT_TO_COMPLEX, combine, promote
 
 __all__ = [
     "CallRecord",
+    "aten_overload",
     "base_name",
     "disable",
     "enable",
@@ -49,6 +50,7 @@ __all__ = [
     "registered_ops",
     "resolve_names",
     "running",
+    "served_kernel",
     "skipped_ops",
     "source",
     "use_gems",
@@ -382,9 +384,8 @@ def _reason(error: Exception) -> str:
 
 def _writes_an_argument(overload: str) -> bool:
     """Whether the overload's schema writes one of its arguments (in-place or ``out=``)."""
-    name, _, over = overload.partition(".")
     try:
-        return bool(getattr(getattr(torch.ops.aten, name), over or "default")._schema.is_mutable)
+        return bool(aten_overload(overload)._schema.is_mutable)
     except (AttributeError, RuntimeError):
         return True  # unknown: never defer
 
@@ -408,9 +409,7 @@ def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[...,
         inside.depth = 1
         try:
             if not params:  # looked up on first use: enable() stays quick
-                name, _, over = overload.partition(".")
-                schema = getattr(getattr(torch.ops.aten, name), over)._schema
-                params.append(_tensor_params(schema))
+                params.append(_tensor_params(aten_overload(overload)._schema))
             converted = _numbers_as_tensors(params[0], args, kwargs)
         finally:
             inside.depth = before
@@ -515,6 +514,28 @@ def _autograd_key(key: str) -> str | None:
     return name if name in torch._C.DispatchKey.__members__ else None
 
 
+def served_kernel(overload: str, fn: Callable[..., Any],
+                  key: str) -> tuple[Callable[..., Any], bool]:
+    """The kernel that serves ``overload`` with ``fn`` at dispatch key ``key`` (handing
+    what ``fn`` cannot take to torch's kernel there), and whether torch has none there.
+
+    Where torch has no kernel (e.g. _fused_rms_norm_backward on the CPU), torch may still
+    route to it once gemsops serves its forward: gemsops serves it too, and says so
+    plainly for inputs it cannot take. The registration and the compile backend's
+    ``gemsops::`` ops both take their kernels from here.
+    """
+    name = overload.removesuffix(".default")
+    original = _torch_kernel(name, key)
+    alone = original is None
+    return _wrap(overload, fn, _NoTorchKernel(name, key) if original is None else original), alone
+
+
+def aten_overload(overload: str) -> Any:
+    """The ``torch.ops.aten`` overload gemsops spells ``overload`` (``"mm.default"``)."""
+    name, _, over = overload.partition(".")
+    return getattr(getattr(torch.ops.aten, name), over or "default")
+
+
 def _register(overloads: frozenset[str]) -> _Active:
     impls = implementations()
     if not gemshal.current_device().interpreter:
@@ -538,14 +559,9 @@ def _register(overloads: frozenset[str]) -> _Active:
                 key = autograd
             # torch spells the default overload without a suffix: "aten::abs", not "abs.default".
             name = overload.removesuffix(".default")
-            original = _torch_kernel(name, key)
-            if original is None:
-                # torch has no kernel here (e.g. _fused_rms_norm_backward on the CPU), yet
-                # torch may route to it once gemsops serves its forward: serve it too, and
-                # say so plainly for inputs gemsops cannot take.
-                original = _NoTorchKernel(name, key)
+            kernel, alone = served_kernel(overload, impls[overload], key)
+            if alone:
                 skipped[overload] = f"torch has no {key} kernel; gemsops is the only one"
-            kernel = _wrap(overload, impls[overload], original)
             library.impl(name, kernel, key, with_keyset=True)  # type: ignore[no-untyped-call]
             served.add(overload)
             slots.append((name, key))

@@ -68,10 +68,10 @@ __all__ = [
 COMPILE_ENV = "GEMS_COMPILE"
 THREADS_ENV = "GEMS_COMPILE_THREADS"
 MODES = ("background", "wait")
-QUICK_S = 0.05
-"""How long a first launch waits for its compile when no other compile was running."""
 """``GEMS_COMPILE`` values: compile first launches on worker threads where the caller can
 serve the call another way (the default), or always on the calling thread."""
+QUICK_S = 0.05
+"""How long a first launch waits for its compile when no other compile was running."""
 
 
 class KernelCompiling(Exception):
