@@ -172,13 +172,16 @@ import sys, warnings
 import torch, gemsops
 warnings.simplefilter("ignore")
 backend = sys.argv[1]
-x = torch.randn(8)
+x = torch.randn(8, generator=torch.Generator().manual_seed(0))
 with gemsops.use_gems():
     inside = torch.compile(lambda t: t.sin() + 1, backend=backend)(x)
 after = torch.compile(lambda t: t.cos() * 2, backend=backend)(x)
 again = torch.compile(lambda t: t.exp(), backend=backend)(x)
-assert torch.allclose(inside, x.sin() + 1) and torch.allclose(after, x.cos() * 2)
-assert torch.allclose(again, x.exp())
+# float32 tolerances: gemsops' sin inside the block is not torch's to the last bit, and
+# sin(x) + 1 near 0 fails allclose's default absolute tolerance of 1e-8
+torch.testing.assert_close(inside, x.sin() + 1)
+torch.testing.assert_close(after, x.cos() * 2)
+torch.testing.assert_close(again, x.exp())
 print("ok")
 """
 
