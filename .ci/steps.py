@@ -3,6 +3,7 @@
     python3 .ci/steps.py steady [--models llama,gpt2,bert,vit,llama508m] [--repeats 10]
     python3 .ci/steps.py first MODEL [--side torch] [--profile FILE]  # fresh process
     python3 .ci/steps.py generate [--tokens 64]
+    python3 .ci/steps.py kernels [--models llama,gpt2] [--top 25]   # device time by kernel
     gemsops tune --out FILE --script .ci/steps.py -- workload   # the sm90 tables' workload
 
 ``steady``: per model, one process, the same weights and inputs, torch's kernels and
@@ -10,6 +11,10 @@
 A training step is forward, loss, backward (and an AdamW step for ``llama508m``).
 ``first``: the wall time of the first gemsops step in this process (compiles; with an
 empty ``TRITON_CACHE_DIR``, everything), then of the second; prints one JSON line.
+``kernels``: per model and side (torch, gemsops), after warm-up, three steps under
+``torch.profiler``: the step's wall time, the device time its kernels add up to, the
+host time until the last launch was issued (no synchronize inside the step), and the
+kernels by device time, so a slow step reads as host-bound or kernel-bound.
 ``generate``: HF ``generate`` of the small Llama at batch 1 (greedy): tokens per second
 of each side, and the wall time of gemsops' first 8 tokens in this process.
 
@@ -253,6 +258,60 @@ def profile_generate(tokens: int) -> None:
     print(rec.summary())
 
 
+def kernels(models: list[str], top: int) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from gemshal.kernel import stats
+
+    for name in models:
+        model, inputs, opt = _build(name)
+        for side in ("torch", "gemsops"):
+            ctx = gemsops.use_gems() if side == "gemsops" else _null()
+            with ctx:
+                for _ in range(3):
+                    _step(model, inputs, opt)
+                if side == "gemsops":
+                    _compiled(lambda: _step(model, inputs, opt))
+                torch.cuda.synchronize()
+                issue = []
+                for _ in range(5):
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    _step(model, inputs, opt)
+                    issue.append((time.perf_counter() - t) * 1e3)
+                    torch.cuda.synchronize()
+                wall = _median_ms(model, inputs, opt, 5)
+                with profile(activities=[ProfilerActivity.CUDA]) as prof, \
+                        gemsops.record() as rec:
+                    for _ in range(3):
+                        _step(model, inputs, opt)
+                    torch.cuda.synchronize()
+            rows = []
+            total = 0.0
+            for ev in prof.key_averages():
+                dt = getattr(ev, "self_device_time_total", 0.0) or getattr(
+                    ev, "self_cuda_time_total", 0.0)
+                if dt <= 0:
+                    continue
+                total += dt
+                rows.append((dt / 3 / 1e3, ev.count // 3, ev.key[:90]))
+            rows.sort(reverse=True)
+            print(json.dumps({"model": name, "side": side, "wall_ms": round(wall, 2),
+                              "issue_ms": round(statistics.median(issue), 2),
+                              "device_ms": round(total / 3 / 1e3, 2),
+                              "kernels_per_step": sum(r[1] for r in rows),
+                              "served_per_step": sum(rec.served.values()) // 3,
+                              "handed_back_per_step": sum(rec.fallbacks.values()) // 3,
+                              "direct_off": sum(1 for r in stats() if r["disabled"])}),
+                  flush=True)
+            if side == "gemsops" and rec.fallbacks:
+                print("  handed back:", dict(rec.fallbacks.most_common(8)), flush=True)
+            for ms, count, key in rows[:top]:
+                print(f"  {ms:8.3f} ms  {count:5d}x  {key}", flush=True)
+        del model, inputs, opt
+        torch.cuda.empty_cache()
+
+
 def workload(models: list[str]) -> None:
     """One gemsops training step of each model, then greedy decode of the small Llama at
     batches 1 and 8: the workload ``gemsops tune`` benchmarks for the sm90 tables."""
@@ -278,11 +337,13 @@ def workload(models: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=("steady", "first", "generate", "workload", "profile"))
+    p.add_argument("what", choices=("steady", "first", "generate", "workload", "profile",
+                                           "kernels"))
     p.add_argument("model", nargs="?", default="llama")
     p.add_argument("--models", default="llama,gpt2,bert,vit,llama508m")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--top", type=int, default=25)
     p.add_argument("--side", choices=("gemsops", "torch"), default="gemsops")
     p.add_argument("--profile", help="first: cProfile the first step into this file")
     a = p.parse_args(argv)
@@ -292,6 +353,8 @@ def main(argv: list[str]) -> None:
         first(a.model, a.side, a.profile)
     elif a.what == "profile":
         profile_generate(a.tokens)
+    elif a.what == "kernels":
+        kernels(a.models.split(","), a.top)
     elif a.what == "workload":
         workload(a.models.split(","))
     else:
