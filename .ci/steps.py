@@ -312,6 +312,58 @@ def kernels(models: list[str], top: int) -> None:
         torch.cuda.empty_cache()
 
 
+def hostprof(name: str, out_file: str | None) -> None:
+    """Where a steady step's host time goes: forward and backward timed apart, for each
+    side, with autograd's device threads and without them (backward on this thread),
+    then a cProfile of gemsops' step with backward on this thread (cProfile sees one)."""
+    import cProfile
+    import pstats
+
+    model, inputs, opt = _build(name)
+
+    def parts() -> dict[str, float]:
+        fw, bw = [], []
+        for _ in range(7):
+            model.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            loss = model(**inputs).loss
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            loss.backward()
+            torch.cuda.synchronize()
+            fw.append((t2 - t) * 1e3)
+            bw.append((time.perf_counter() - t2) * 1e3)
+        return {"forward_ms": round(statistics.median(fw), 2),
+                "backward_ms": round(statistics.median(bw), 2)}
+
+    for side in ("torch", "gemsops"):
+        ctx = gemsops.use_gems() if side == "gemsops" else _null()
+        with ctx:
+            for _ in range(3):
+                _step(model, inputs, opt)
+            if side == "gemsops":
+                _compiled(lambda: _step(model, inputs, opt))
+            row: dict[str, Any] = {"model": name, "side": side, **parts()}
+            with torch.autograd.set_multithreading_enabled(False):
+                one = parts()
+            row["one_thread_forward_ms"] = one["forward_ms"]
+            row["one_thread_backward_ms"] = one["backward_ms"]
+            print(json.dumps(row), flush=True)
+            if side == "gemsops":
+                prof = cProfile.Profile()
+                with torch.autograd.set_multithreading_enabled(False):
+                    prof.enable()
+                    for _ in range(3):
+                        _step(model, inputs, opt)
+                    torch.cuda.synchronize()
+                    prof.disable()
+                with open(out_file or "/dev/stdout", "w") as f:
+                    stats = pstats.Stats(prof, stream=f)
+                    stats.sort_stats("tottime").print_stats(60)
+                    stats.sort_stats("cumulative").print_stats(90)
+
+
 def workload(models: list[str]) -> None:
     """One gemsops training step of each model, then greedy decode of the small Llama at
     batches 1 and 8: the workload ``gemsops tune`` benchmarks for the sm90 tables."""
@@ -338,7 +390,7 @@ def workload(models: list[str]) -> None:
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("what", choices=("steady", "first", "generate", "workload", "profile",
-                                           "kernels"))
+                                           "kernels", "hostprof"))
     p.add_argument("model", nargs="?", default="llama")
     p.add_argument("--models", default="llama,gpt2,bert,vit,llama508m")
     p.add_argument("--repeats", type=int, default=10)
@@ -353,6 +405,8 @@ def main(argv: list[str]) -> None:
         first(a.model, a.side, a.profile)
     elif a.what == "profile":
         profile_generate(a.tokens)
+    elif a.what == "hostprof":
+        hostprof(a.model, a.profile)
     elif a.what == "kernels":
         kernels(a.models.split(","), a.top)
     elif a.what == "workload":
