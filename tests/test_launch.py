@@ -403,3 +403,79 @@ def test_direct_path_on_device_matches_jit() -> None:
         assert torch.equal(s, soft[0])
     torch.testing.assert_close(outs[-1], x + y)
     torch.testing.assert_close(soft[-1], torch.softmax(rows, -1))
+
+
+# --- ready launches (Launcher.ready) ----------------------------------------------------
+
+
+def _ready_rig(n: int = 1000) -> tuple[Rig, Any, tuple[Any, ...], dict[str, Any]]:
+    rig = Rig()
+    out = torch.empty(n + 16)[:n]
+    x = torch.empty(n + 16)[:n]
+    kw = {"BLOCK": 64}
+    grid = (lambda meta: ((n + meta["BLOCK"] - 1) // meta["BLOCK"],))
+    args = (out, x, n, n.bit_length())
+    return rig, grid, args, kw
+
+
+def test_ready_needs_a_verified_entry_then_fires_what_run_fires() -> None:
+    """A launch is made ready only once its entry is verified (first call and first reuse
+    go through Triton); its fire passes the grid, stream, function and arguments the
+    direct path passes."""
+    rig, grid, args, kw = _ready_rig()
+    rig.launcher.run(grid, args, kw)
+    assert rig.launcher.ready(grid, args, kw) is None  # made, not yet checked
+    rig.launcher.run(grid, args, kw)
+    ready = rig.launcher.ready(grid, args, kw)
+    assert ready is not None
+    rig.launcher.run(grid, args, kw)
+    direct = rig.log[-1]
+    assert ready.fire(args)
+    fired = rig.log[-1]
+    assert fired[0] == "direct" and fired[1:4] == direct[1:4]
+    assert all(a is b or a == b for a, b in zip(fired[4], direct[4], strict=True))
+
+
+def test_ready_stands_down_after_clear_hooks_device_or_disable() -> None:
+    """fire launches nothing and says so when the entries were dropped, a launch hook is
+    installed or another device is current; it fires again once the hook is gone."""
+    rig, grid, args, kw = _ready_rig()
+    for _ in range(2):
+        rig.launcher.run(grid, args, kw)
+    ready = rig.launcher.ready(grid, args, kw)
+    assert ready is not None
+    logged = len(rig.log)
+    rig.triton.hooks = True
+    assert not ready.fire(args)
+    rig.triton.hooks = False
+    rig.triton.device = 1
+    assert not ready.fire(args)
+    rig.triton.device = 0
+    assert len(rig.log) == logged
+    assert ready.fire(args)
+    rig.launcher.clear()
+    assert not ready.fire(args)
+    assert len(rig.log) == logged + 1
+    for _ in range(2):
+        rig.launcher.run(grid, args, kw)
+    again = rig.launcher.ready(grid, args, kw)
+    assert again is not None
+    rig.launcher._disable("a test turned the direct path off")
+    assert not again.fire(args)
+
+
+def test_ready_refuses_a_tensor_on_another_device() -> None:
+    """A call whose first tensor is not on the current device is not made ready (the
+    guard must run)."""
+    rig, grid, args, kw = _ready_rig()
+    for _ in range(2):
+        rig.launcher.run(grid, args, kw)
+
+    class _Elsewhere(torch.Tensor):
+        def get_device(self) -> int:  # type: ignore[override]
+            return 3
+
+    moved = args[0].as_subclass(_Elsewhere)  # the same memory: the entry is found
+    assert rig.launcher.lookup((moved, *args[1:]), kw)[2] is not None
+    assert rig.launcher.ready(grid, (moved, *args[1:]), kw) is None
+    assert rig.launcher.ready(grid, args, kw) is not None

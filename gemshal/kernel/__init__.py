@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from gemshal.kernel.decorator import PROGRESS_ENV as PROGRESS_ENV
 from gemshal.kernel.decorator import Kernel as Kernel
+from gemshal.kernel.decorator import Prepared as Prepared
 from gemshal.kernel.decorator import Rule as Rule
 from gemshal.kernel.decorator import choices as choices
 from gemshal.kernel.decorator import kernel as kernel
@@ -35,6 +36,7 @@ __all__ = [
     "PROGRESS_ENV",
     "Kernel",
     "LaunchPath",
+    "Prepared",
     "Rule",
     "choices",
     "kernel",

@@ -54,7 +54,7 @@ from gemshal.kernel import launcher as _launcher
 from gemshal.kernel import plan as _plan
 from gemshal.tune_format import LAUNCH_KEYS, OpTuning, TuneConfig
 
-__all__ = ["PROGRESS_ENV", "Kernel", "Rule", "choices", "kernel", "tuned"]
+__all__ = ["PROGRESS_ENV", "Kernel", "Prepared", "Rule", "choices", "kernel", "tuned"]
 
 Rule = Callable[[Mapping[str, Any]], Any]
 # A Python heuristic: {name: value} of the key arguments, constants and config -> the
@@ -207,6 +207,26 @@ class _State:
         self.interpreted = False
 
 
+class Prepared:
+    """A kernel's launch made ready to repeat (:meth:`Kernel.prepare`): a call whose
+    arguments have the same kind as the prepared one's goes straight to the compiled
+    kernel, without the launch key, the bucket or the lookup."""
+
+    __slots__ = ("_ready", "_state")
+
+    def __init__(self, state: _State, ready: _launcher.Ready) -> None:
+        self._state = state
+        self._ready = ready
+
+    def fire(self, args: tuple[Any, ...]) -> bool:
+        """Launch with ``args``; False (nothing launched) when the preparation no longer
+        holds: the tuning changed, the launcher's entries were dropped, a launch hook
+        was installed, or another device is current. Then launch the usual way."""
+        if self._state.generation != _tune._GENERATION:
+            return False
+        return self._ready.fire(args)
+
+
 class Kernel:
     """A ``@triton.jit`` function with its op's tuning entry; made by :func:`kernel`."""
 
@@ -290,6 +310,31 @@ class Kernel:
                     return launcher.fire(entry, grid, args, device)
             return self._slow(state, grid, args, kwargs, extra, device, key, entry)
         return self._slow(state, grid, args, kwargs, extra, -1, None, None)
+
+    def prepare(
+        self, grid: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> Prepared | None:
+        """The launch just made with these arguments, ready to repeat (:class:`Prepared`),
+        or None when it is not on the direct path yet (compiling, its entry not yet
+        checked, the interpreter, the direct path off). Callers pass the same ``grid``,
+        integers and ``kwargs`` object, and tensors of the same dtypes and alignment, to
+        each later :meth:`Prepared.fire`.
+        """
+        state = self._state
+        launcher = state.launcher
+        if launcher is None or state.generation != _tune._GENERATION:
+            return None
+        n = len(args)
+        extra = (
+            state,
+            *[
+                (1 << (v - 1).bit_length()) if type(v) is int and v > 0 else v
+                for v in [args[i] for i in state.bucket_index if i < n]
+            ],
+            *[args[i] for i in state.raw_index if i < n],
+        )
+        ready = launcher.ready(grid, args, kwargs, extra)
+        return None if ready is None else Prepared(state, ready)
 
     def _slow(
         self,

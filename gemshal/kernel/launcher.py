@@ -62,6 +62,7 @@ __all__ = [
     "LaunchPath",
     "Launcher",
     "ParamSpec",
+    "Ready",
     "launch_path",
     "launcher_for",
     "reset",
@@ -306,12 +307,16 @@ class Launcher:
         self.disabled: str | None = None
         self.counts = {"direct": 0, "jit": 0, "compiled": 0}
         self._keywords: dict[int, tuple[Mapping[str, Any], Keywords]] = {}
+        self.epoch = 0
+        """Counts the times entries were dropped: a :class:`Ready` launch made before
+        holds an older epoch and stands down."""
 
     def clear(self) -> None:
         """Drop every entry and re-enable the direct path."""
         self.entries.clear()
         self._keywords.clear()
         self.disabled = None
+        self.epoch += 1
 
     def _tr(self) -> Any:
         tr = self._triton
@@ -418,6 +423,7 @@ class Launcher:
     def _disable(self, reason: str) -> None:
         self.disabled = reason
         self.entries.clear()
+        self.epoch += 1
 
     def _first(
         self,
@@ -508,6 +514,59 @@ class Launcher:
         if entry is not None and entry.verified:
             return self.fire(entry, grid, args, device)
         return self.launch(grid, args, kwargs, device, key, entry)
+
+    def ready(
+        self, grid: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], extra: Any = None
+    ) -> Ready | None:
+        """This call made ready to repeat (:class:`Ready`), when its entry is verified
+        and it runs on the current device; else None."""
+        device, _key, entry = self.lookup(args, kwargs, extra)
+        if entry is None or not entry.verified:
+            return None
+        first = args[0] if args else None
+        if isinstance(first, torch.Tensor) and first.get_device() not in (device, -1):
+            return None
+        return Ready(self, entry, self._grid(grid, args, entry), device)
+
+
+class Ready:
+    """One verified launch, ready to repeat with new tensors of the same kind.
+
+    The caller guarantees what the launcher's key would check: every later call passes
+    tensors of the same dtypes and 16-byte alignment, and the same integers and
+    constant keywords (the pointwise plan memo keys on exactly that). :meth:`fire` then
+    skips the key and the lookup; it stands down (returns False, nothing launched) when
+    the launcher's entries were dropped since, a launch hook was installed, or the
+    current device is another.
+    """
+
+    __slots__ = ("device", "entry", "epoch", "grid", "launcher")
+
+    def __init__(
+        self, launcher: Launcher, entry: _Entry, grid: tuple[int, int, int], device: int
+    ) -> None:
+        self.launcher = launcher
+        self.entry = entry
+        self.grid = grid
+        self.device = device
+        self.epoch = launcher.epoch
+
+    def fire(self, args: tuple[Any, ...]) -> bool:
+        """Launch with ``args``; whether it did."""
+        launcher = self.launcher
+        if launcher.epoch != self.epoch or launcher.disabled is not None:
+            return False
+        tr = launcher._triton
+        device = self.device
+        if not tr.quiet() or tr.get_device() != device:
+            return False
+        entry = self.entry
+        g0, g1, g2 = self.grid
+        entry.call(
+            g0, g1, g2, tr.get_stream(device), entry.function, *entry.pre, *args, *entry.tail
+        )
+        launcher.counts["direct"] += 1
+        return True
 
 
 _LAUNCHERS: dict[int, Launcher] = {}

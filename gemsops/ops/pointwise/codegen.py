@@ -314,25 +314,40 @@ def _grid(n: int) -> Any:
     return lambda meta: ((n + meta["BLOCK"] - 1) // meta["BLOCK"],)
 
 
-def launch_flat(out: Tensor, args: Sequence[Any], meta: dict[str, Any]) -> None:
+Launch = tuple[Any, Any, tuple[Any, ...], dict[str, Any]]
+"""(kernel, grid, positional arguments, constant keywords) of one launch, as a ``rec``
+list of the launch functions receives it: what the pointwise plan memo replays."""
+
+
+def launch_flat(out: Tensor, args: Sequence[Any], meta: dict[str, Any],
+                rec: list[Launch] | None = None) -> None:
     """Sweep ``out``'s memory once; full operands share its dense layout.
 
     Args:
         out: The output (non-empty, dense).
         args: Three operand arguments (tensors, scalars, or None when absent).
         meta: The constexprs: OP, NARGS, K*, V*, T*, R.
+        rec: When given, the launch is appended to it before it is made.
     """
     n = out.numel()
-    launch_flat_planned(out, args, n, {**meta, "INT64": n >= 2**31})
+    launch_flat_planned(out, args, n, _keywords(meta, _INT64[n >= 2**31]), rec)
 
 
-def launch_flat_planned(out: Tensor, args: Sequence[Any], n: int, meta: dict[str, Any]) -> None:
+_INT64 = {False: {"INT64": False}, True: {"INT64": True}}
+
+
+def launch_flat_planned(out: Tensor, args: Sequence[Any], n: int, meta: dict[str, Any],
+                        rec: list[Launch] | None = None) -> None:
     """:func:`launch_flat` with ``n = out.numel()`` known and ``meta`` complete (INT64 too).
 
     ``meta`` is passed to the kernel as it is and must not be changed afterwards: the
     fast path hands the same cached dict to every launch.
     """
-    _flat_kernel.launch(_grid(n), (out, args[0], args[1], args[2], n, n.bit_length()), meta)
+    grid = _grid(n)
+    call = (out, args[0], args[1], args[2], n, n.bit_length())
+    if rec is not None:
+        rec.append((_flat_kernel, grid, call, meta))
+    _flat_kernel.launch(grid, call, meta)
 
 
 WIDEST = 2048
@@ -439,8 +454,10 @@ def _keywords(meta: dict[str, Any], consts: dict[str, Any]) -> dict[str, Any]:
 
 
 def launch_strided(out: Tensor, args: Sequence[Any], kinds: Sequence[int],
-                   shape: tuple[int, ...], meta: dict[str, Any]) -> None:
-    """Compute into ``out`` (of ``shape``, any layout) from broadcast, strided operands."""
+                   shape: tuple[int, ...], meta: dict[str, Any],
+                   rec: list[Launch] | None = None) -> None:
+    """Compute into ``out`` (of ``shape``, any layout) from broadcast, strided operands
+    (``rec`` as in :func:`launch_flat`; a problem of too many dims records nothing)."""
     loaded = tuple(i for i in range(3) if kinds[i] == LOAD)
     views = ((tuple(out.shape), out.stride()),
              *((tuple(args[i].shape), args[i].stride()) for i in loaded))
@@ -454,9 +471,12 @@ def launch_strided(out: Tensor, args: Sequence[Any], kinds: Sequence[int],
         block_c = min(launch_meta["BLOCK"], width)
         return (-(-cols // block_c) * -(-rows // (launch_meta["BLOCK"] // block_c)),)
 
-    _tiled_kernel.launch(grid, (out, args[0], args[1], args[2], rows, cols,
-                                (rows * cols).bit_length(), *geo.sizes, *geo.strides),
-                         _keywords(meta, geo.consts))
+    call = (out, args[0], args[1], args[2], rows, cols, (rows * cols).bit_length(), *geo.sizes,
+            *geo.strides)
+    keywords = _keywords(meta, geo.consts)
+    if rec is not None:
+        rec.append((_tiled_kernel, grid, call, keywords))
+    _tiled_kernel.launch(grid, call, keywords)
 
 
 def _launch_materialized(out: Tensor, args: Sequence[Any], kinds: Sequence[int],

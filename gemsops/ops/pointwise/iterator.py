@@ -9,6 +9,13 @@ the output is touched.
 
 The common call (same-shape contiguous tensors, functional or in place on ``self``)
 takes a fast path whose dtype decisions are cached per (op, operand dtypes).
+
+Every decision :func:`run` makes depends only on what it can read without touching
+data: the op, each tensor's dtype, shape, strides, device and 16-byte alignment, each
+number's type and value. So a call's outcome (the output's layout and the launch) is
+kept per such key in a plan memo, and a later call with the same key allocates and
+launches without deciding again (:class:`_Recipe`); with the kernel's launch prepared
+(:meth:`gemshal.kernel.Kernel.prepare`) it also skips the launch key.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gemshal import current_vendor
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import TL_DTYPES, Number
 from gemsops.ops.outputs import warn_resize
@@ -27,6 +35,7 @@ from gemsops.ops.pointwise.codegen import (
     LOAD,
     SINGLE,
     VALUE,
+    Launch,
     launch_flat,
     launch_flat_planned,
     launch_strided,
@@ -289,7 +298,8 @@ def _device_ok(device: torch.device) -> bool:
     return ok
 
 
-def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> Tensor | None:
+def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None,
+              rec: list[Launch] | None = None) -> Tensor | None:
     """Same-shape contiguous tensors (and numbers): functional, in place on self, or a fill.
 
     Returns None where the general path must decide. Everything that depends only on
@@ -356,11 +366,192 @@ def _run_fast(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None) -> T
                     return None  # partial overlap: the general path refuses it
     n = out.numel()
     if n:
-        launch_flat_planned(out, args, n, plan.meta64 if n >= 2**31 else plan.meta)
+        launch_flat_planned(out, args, n, plan.meta64 if n >= 2**31 else plan.meta, rec)
     return out
 
 
 _MISSING: Any = object()
+
+
+# --- the plan memo -----------------------------------------------------------------
+
+
+class _Recipe:
+    """What :func:`run` did for one memo key: the output to allocate (or the given one,
+    in place or ``out=``), and the one launch, with each operand's place in its
+    arguments.
+
+    ``slots``: per kernel operand (three), the index of the call's operand passed there,
+    or -1 for the constant in ``consts`` (a converted number, or None). ``overlaps``:
+    with a given output, its byte span, then per tensor operand (index, byte span,
+    whether it has the output's shape and strides): run refuses an operand that partly
+    overlaps the output, and the replay hands such a call back to it.
+    """
+
+    __slots__ = ("alloc", "consts", "grid", "ints", "kernel", "keywords", "op", "overlaps",
+                 "prepared", "slots", "vendor")
+
+    def __init__(self, op: PointwiseOp, alloc: tuple[Any, ...] | None,
+                 launch: Launch | None, overlaps: tuple[Any, ...] | None,
+                 vendor: Any) -> None:
+        self.op = op
+        self.vendor = vendor  # decisions depend on the vendor's device type
+        self.alloc = alloc
+        self.overlaps = overlaps
+        self.prepared: Any = None
+        self.kernel: Any = None
+        self.grid: Any = None
+        self.keywords: dict[str, Any] = {}
+        self.ints: tuple[Any, ...] = ()
+        self.slots = (-1, -1, -1)
+        self.consts: tuple[Any, ...] = (None, None, None)
+        if launch is not None:
+            self.kernel, self.grid, call, self.keywords = launch
+            slots, consts = [], []
+            for i, value in enumerate(call[1:4]):
+                # Kernel operand i is the call's operand i, or a constant made from it.
+                slots.append(i if isinstance(value, Tensor) else -1)
+                consts.append(None if isinstance(value, Tensor) else value)
+            self.slots = (slots[0], slots[1], slots[2])
+            self.consts = tuple(consts)
+            self.ints = tuple(call[4:])
+
+    def replay(self, operands: Sequence[Any], out: Tensor | None) -> Tensor | None:
+        """The call again, for operands of the recipe's key; None: run must decide (an
+        operand now partly overlaps the given output)."""
+        alloc = self.alloc
+        if alloc is None:
+            assert out is not None
+            overlaps = self.overlaps
+            if overlaps is not None:
+                lo = out.data_ptr()
+                hi = lo + overlaps[0]
+                for i, span, same in overlaps[1:]:
+                    x = operands[i]
+                    if x is not out:
+                        p = x.data_ptr()
+                        if p < hi and lo < p + span and not (p == lo and same):
+                            return None
+        elif alloc[1] is None:
+            out = torch.empty(alloc[0], dtype=alloc[2], device=alloc[3])
+        else:
+            out = torch.empty_strided(alloc[0], alloc[1], dtype=alloc[2], device=alloc[3])
+        kernel = self.kernel
+        if kernel is None:
+            return out
+        s0, s1, s2 = self.slots
+        c = self.consts
+        call = (out, operands[s0] if s0 >= 0 else c[0], operands[s1] if s1 >= 0 else c[1],
+                operands[s2] if s2 >= 0 else c[2], *self.ints)
+        prepared = self.prepared
+        if prepared is None or not prepared.fire(call):
+            kernel.launch(self.grid, call, self.keywords)
+            self.prepared = kernel.prepare(self.grid, call, self.keywords)
+        return out
+
+
+_MEMO: dict[tuple[Any, ...], _Recipe] = {}
+_MEMO_SLOTS = 8192
+
+
+def _tensor_key(x: Tensor, append: Callable[[Any], None]) -> bool:
+    """Append what run reads of ``x``; False for a tensor the memo does not take."""
+    if x.layout is not torch.strided:
+        return False
+    device = x.device
+    shape = x.shape
+    if not shape and device.type == "cpu":
+        return False  # read with .item(): its value decides
+    append(x.dtype)
+    append(shape)
+    append(x.stride())
+    append(device)
+    append(not x.data_ptr() & 15)
+    return True
+
+
+def _memo_key(op: PointwiseOp, operands: Sequence[Any], out: Tensor | None,
+              inplace: bool, common: torch.dtype | None) -> tuple[Any, ...] | None:
+    """What run's decisions depend on, or None for a call the memo does not take (a
+    0-dim CPU tensor, read as a number; a layout without strides)."""
+    parts: list[Any] = [id(op), common, inplace]
+    append = parts.append
+    if out is not None:
+        first = operands[0] if operands else None
+        append(out is first)
+        if out is not first and not _tensor_key(out, append):
+            return None
+    floats = False
+    for x in operands:
+        if isinstance(x, Tensor):
+            if not _tensor_key(x, append):
+                return None
+        else:
+            kind = type(x)
+            append(kind)
+            append(x)
+            if kind is float or kind is complex:
+                floats = True
+    if floats:
+        append(torch.get_default_dtype())
+    return tuple(parts)
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    out = []
+    step = 1
+    for size in reversed(shape):
+        out.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(out))
+
+
+def _extent(t: Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    return (sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1) * (
+        t.element_size())
+
+
+def _remember(key: tuple[Any, ...], op: PointwiseOp, operands: Sequence[Any],
+              out: Tensor, given: tuple[Any, ...] | None, rec: list[Launch]) -> None:
+    """Keep what run just did for ``key``, when it was one launch (or none for an empty
+    output) over the call's own operands; ``given``: a given output's shape and strides
+    before the call (None: run made the output)."""
+    if len(rec) > 1 or (not rec and out.numel()):
+        return  # several launches, or a copy first (too many dims): not a recipe
+    launch = rec[0] if rec else None
+    if launch is not None:
+        call = launch[2]
+        if call[0] is not out:
+            return
+        for i, value in enumerate(call[1:4]):
+            if isinstance(value, Tensor) and not (i < len(operands) and value is operands[i]):
+                return  # a tensor made for this call (an expanded copy)
+        if any(isinstance(value, Tensor) for value in call[4:]):
+            return
+    alloc = None
+    overlaps: tuple[Any, ...] | None = None
+    if given is None:
+        # (is_contiguous holds for any strides of an empty tensor: compare them)
+        strides = tuple(out.stride())
+        layout = None if strides == _contiguous_strides(out.shape) else strides
+        alloc = (tuple(out.shape), layout, out.dtype, out.device)
+    else:
+        if given != (tuple(out.shape), tuple(out.stride())):
+            return  # run resized the output: a later call would not
+        view = given
+        overlaps = (_extent(out), *(
+            (i, _extent(x), (tuple(x.shape), tuple(x.stride())) == view)
+            for i, x in enumerate(operands) if isinstance(x, Tensor)))
+    if len(_MEMO) >= _MEMO_SLOTS:
+        _MEMO.clear()
+    _MEMO[key] = _Recipe(op, alloc, launch, overlaps, current_vendor())
+
+
+def clear_memo() -> None:
+    """Forget every kept plan (tests; a changed default dtype needs nothing: it is keyed)."""
+    _MEMO.clear()
 
 
 def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
@@ -389,8 +580,26 @@ def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
         operands.pop()
     if len(operands) != len(op.roles):
         raise Unsupported(f"{op.name} needs {len(op.roles)} operands, got {len(operands)}")
+    key = _memo_key(op, operands, out, inplace, common)
+    if key is None:
+        return _decide(op, operands, out, inplace, common, None)
+    recipe = _MEMO.get(key)
+    if recipe is not None and recipe.op is op and recipe.vendor is current_vendor():
+        done = recipe.replay(operands, out)
+        if done is not None:
+            return done
+    rec: list[Launch] = []
+    given = None if out is None else (tuple(out.shape), tuple(out.stride()))
+    result = _decide(op, operands, out, inplace, common, rec)
+    _remember(key, op, operands, result, given, rec)
+    return result
+
+
+def _decide(op: PointwiseOp, operands: list[Any], out: Tensor | None, inplace: bool,
+            common: torch.dtype | None, rec: list[Launch] | None) -> Tensor:
+    """run's decisions, made afresh (``rec`` receives the launch, for the memo)."""
     if common is None and (out is None or inplace):
-        done = _run_fast(op, operands, out)
+        done = _run_fast(op, operands, out, rec)
         if done is not None:
             return done
     tensors = [x for x in operands if isinstance(x, Tensor)]
@@ -468,9 +677,9 @@ def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
         args.append(None)
     meta = _meta(op, kinds, casts, result, out.dtype)
     if flat:
-        launch_flat(out, args, meta)
+        launch_flat(out, args, meta, rec)
     else:
-        launch_strided(out, args, [*kinds, VALUE, VALUE][:3], shape, meta)
+        launch_strided(out, args, [*kinds, VALUE, VALUE][:3], shape, meta, rec)
     return out
 
 
