@@ -379,3 +379,27 @@ def test_bad_settings_fail_at_a_served_call_on_every_path(
             torch.add(a, a)
         monkeypatch.delenv(name)
     tune.clear_cache()
+
+
+def test_at_exit_cancels_queued_compiles_and_waits_for_running_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At interpreter exit the compiles not started are cancelled and the one running is
+    waited for (a worker inside Triton while the interpreter finalizes aborts it)."""
+    monkeypatch.setenv(bg.THREADS_ENV, "1")
+    pool = bg._Pool()
+    monkeypatch.setattr(bg, "_POOL", pool)
+    started = threading.Event()
+
+    def slow() -> str:
+        started.set()
+        time.sleep(0.3)
+        return "compiled"
+
+    running = pool.submit(slow)
+    assert started.wait(5)
+    queued = [pool.submit(lambda: "never") for _ in range(3)]
+    bg._at_exit()
+    assert running.done() and running.result() == "compiled"
+    assert all(f.cancelled() for f in queued)
+    assert pool.outstanding() == []

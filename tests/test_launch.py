@@ -413,7 +413,10 @@ def _ready_rig(n: int = 1000) -> tuple[Rig, Any, tuple[Any, ...], dict[str, Any]
     out = torch.empty(n + 16)[:n]
     x = torch.empty(n + 16)[:n]
     kw = {"BLOCK": 64}
-    grid = (lambda meta: ((n + meta["BLOCK"] - 1) // meta["BLOCK"],))
+
+    def grid(meta: dict[str, Any]) -> tuple[int]:
+        return ((n + meta["BLOCK"] - 1) // meta["BLOCK"],)
+
     args = (out, x, n, n.bit_length())
     return rig, grid, args, kw
 

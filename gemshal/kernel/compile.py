@@ -36,6 +36,7 @@ process) on a thread when gemsops registers its kernels, before the first compil
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
@@ -243,6 +244,17 @@ class _Pool:
         self._workers = []
         self._futures = []
 
+    def cancel_queued(self) -> int:
+        """Cancel every compile not yet taken by a worker; how many were cancelled."""
+        cancelled = 0
+        while True:
+            try:
+                future, _fn = self._queue.get_nowait()
+            except queue.Empty:
+                return cancelled
+            if future.cancel():
+                cancelled += 1
+
     def outstanding(self) -> list[Future[Any]]:
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()]
@@ -253,6 +265,22 @@ _POOL = _Pool()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_POOL.forget)
 _HOLD: list[threading.Event | None] = [None]
+
+
+EXIT_WAIT_S = 10.0
+"""At interpreter exit, how long to wait for the compiles still running."""
+
+
+def _at_exit() -> None:
+    """At interpreter exit: cancel the compiles not started and wait up to
+    :data:`EXIT_WAIT_S` for the running ones. A worker still inside Triton's compiler
+    while the interpreter finalizes aborts the process ("FATAL: exception not
+    rethrown", rc 134), after the user's program has finished."""
+    _POOL.cancel_queued()
+    wait_compiles(EXIT_WAIT_S)
+
+
+atexit.register(_at_exit)
 
 
 def submit(fn: Callable[[], Any]) -> Future[Any]:

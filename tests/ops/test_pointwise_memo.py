@@ -133,7 +133,7 @@ def test_default_dtype_is_part_of_the_key() -> None:
     finally:
         torch.set_default_dtype(before)
     assert got.dtype == torch.float64
-    assert torch.equal(got, torch.arange(6, dtype=torch.float64) * 1.5)
+    assert torch.equal(got.cpu(), torch.arange(6, dtype=torch.float64) * 1.5)
 
 
 def test_cpu_scalar_tensors_are_decided_by_value() -> None:
