@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import torch
 
+from gemshal import _record
 from gemshal._triton import allocator_state, use_interpreter
 from gemshal.detect import Detection, TraceStep, detect
 from gemshal.errors import ConfigError, DeviceGuardError, DeviceNotFoundError
@@ -359,6 +360,10 @@ def ensure_scratch_allocator() -> None:
     enough to call before every such launch, which covers new threads too.
     """
     global _ALLOCATOR
+    if _record.RECORDERS:
+        recorder = _record.RECORDERS.get(threading.get_ident())
+        if recorder is not None:
+            recorder.scratch = True
     var = _ALLOCATOR
     if var is None:
         var = _ALLOCATOR = allocator_state()

@@ -16,9 +16,11 @@ from __future__ import annotations
 from gemshal.kernel.decorator import PROGRESS_ENV as PROGRESS_ENV
 from gemshal.kernel.decorator import Kernel as Kernel
 from gemshal.kernel.decorator import Prepared as Prepared
+from gemshal.kernel.decorator import Recording as Recording
 from gemshal.kernel.decorator import Rule as Rule
 from gemshal.kernel.decorator import choices as choices
 from gemshal.kernel.decorator import kernel as kernel
+from gemshal.kernel.decorator import recording as recording
 from gemshal.kernel.decorator import tuned as tuned
 from gemshal.kernel.launcher import LAUNCH_ENV as LAUNCH_ENV
 from gemshal.kernel.launcher import LaunchPath as LaunchPath
@@ -37,11 +39,13 @@ __all__ = [
     "Kernel",
     "LaunchPath",
     "Prepared",
+    "Recording",
     "Rule",
     "choices",
     "kernel",
     "launch_path",
     "policy",
+    "recording",
     "stats",
     "stub_launches",
     "tuned",

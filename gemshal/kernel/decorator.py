@@ -34,6 +34,7 @@ terminal or ``GEMS_PROGRESS=1`` (``GEMS_PROGRESS=0`` silences it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -46,7 +47,7 @@ from typing import Any
 
 import torch
 
-from gemshal import _triton
+from gemshal import _record, _triton
 from gemshal import tune as _tune
 from gemshal.errors import ConfigError
 from gemshal.kernel import compile as _compile
@@ -54,7 +55,17 @@ from gemshal.kernel import launcher as _launcher
 from gemshal.kernel import plan as _plan
 from gemshal.tune_format import LAUNCH_KEYS, OpTuning, TuneConfig
 
-__all__ = ["PROGRESS_ENV", "Kernel", "Prepared", "Rule", "choices", "kernel", "tuned"]
+__all__ = [
+    "PROGRESS_ENV",
+    "Kernel",
+    "Prepared",
+    "Recording",
+    "Rule",
+    "choices",
+    "kernel",
+    "recording",
+    "tuned",
+]
 
 Rule = Callable[[Mapping[str, Any]], Any]
 # A Python heuristic: {name: value} of the key arguments, constants and config -> the
@@ -207,6 +218,30 @@ class _State:
         self.interpreted = False
 
 
+Recording = _record.Recording
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recording]:
+    """Inside the block, this thread's kernel launches are appended to the yielded
+    :class:`Recording` (other threads' are not). Blocks on one thread do not nest: an
+    inner one records instead of the outer one until it ends.
+
+    gemsops' replay memo uses it to learn, from one call, the launches an op makes.
+    """
+    ident = threading.get_ident()
+    before = _record.RECORDERS.get(ident)
+    rec = Recording()
+    _record.RECORDERS[ident] = rec
+    try:
+        yield rec
+    finally:
+        if before is None:
+            _record.RECORDERS.pop(ident, None)
+        else:
+            _record.RECORDERS[ident] = before
+
+
 class Prepared:
     """A kernel's launch made ready to repeat (:meth:`Kernel.prepare`): a call whose
     arguments have the same kind as the prepared one's goes straight to the compiled
@@ -221,9 +256,12 @@ class Prepared:
     def fire(self, args: tuple[Any, ...]) -> bool:
         """Launch with ``args``; False (nothing launched) when the preparation no longer
         holds: the tuning changed, the launcher's entries were dropped, a launch hook
-        was installed, or another device is current. Then launch the usual way."""
+        was installed, another device is current, or this thread is recording
+        (:func:`recording`). Then launch the usual way."""
         if self._state.generation != _tune._GENERATION:
             return False
+        if _record.RECORDERS and threading.get_ident() in _record.RECORDERS:
+            return False  # launch the usual way, so the recording sees it
         return self._ready.fire(args)
 
 
@@ -287,6 +325,10 @@ class Kernel:
         Callers keep one ``kwargs`` dict per constant set and never change it: the key
         remembers it by identity.
         """
+        if _record.RECORDERS:
+            recorder = _record.RECORDERS.get(threading.get_ident())
+            if recorder is not None:
+                recorder.launches.append((self, grid, args, kwargs))
         state = self._state
         if state.generation != _tune._GENERATION:
             state = self._resolve()

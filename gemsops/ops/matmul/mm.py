@@ -31,6 +31,7 @@ from gemsops.ops.grid import cdiv
 from gemsops.ops.matmul import persistent
 from gemsops.ops.matmul.persistent import grouped_tile
 from gemsops.ops.outputs import prepare_out
+from gemsops.ops.replay import replayable
 
 __all__ = ["addmm", "bmm", "launch_product", "mm"]
 
@@ -307,6 +308,7 @@ def _mm_shapes(a: Tensor, b: Tensor) -> tuple[int, int, int]:
 
 
 @op("mm.default", out="mm.out")
+@replayable(extra=torch.get_float32_matmul_precision)
 def mm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
     """Matrix product of a [M, K] and a [K, N] matrix.
 
@@ -329,6 +331,7 @@ def mm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
 
 
 @op("bmm.default", out="bmm.out")
+@replayable(extra=torch.get_float32_matmul_precision)
 def bmm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
     """Batched matrix product of [B, M, K] and [B, K, N] tensors.
 
@@ -354,7 +357,14 @@ def bmm(input: Tensor, mat2: Tensor, *, out: Tensor | None = None) -> Tensor:
     return out
 
 
+def _alpha_not_zero(*args: Any, **kwargs: Any) -> bool:
+    # alpha 0 zeroes (or scales the bias into) the output with a torch call, not a launch
+    alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
+    return not (isinstance(alpha, int | float) and alpha == 0)
+
+
 @op("addmm.default", out="addmm.out")
+@replayable(when=_alpha_not_zero, extra=torch.get_float32_matmul_precision)
 def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: float = 1, alpha: float = 1,
           out: Tensor | None = None) -> Tensor:
     """``beta * input + alpha * (mat1 @ mat2)`` in one kernel (the epilogue is fused).

@@ -1,0 +1,178 @@
+"""The replay memo (gemsops.ops.replay) over the matmuls: a call of a seen structure
+replays outputs and launches with its own tensors; calls it must not take run as
+written.
+
+The second call of each pair is made with the implementation's deciding code disabled,
+so a pass shows the memo answered, and the answer is compared with torch's for the
+second operands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gemshal
+from gemshal.kernel import recording
+from gemsops.ops import replay
+from gemsops.ops.matmul import mm as mm_module
+from gemsops.ops.pointwise import arith as pw
+from gemsops.testing.strategies import target_device
+from gemsops.testing.tolerance import assert_close
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    replay.clear()
+    yield
+    replay.clear()
+
+
+def _no_deciding(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("decided afresh, not replayed")
+
+    monkeypatch.setattr(mm_module, "launch_product", refuse)
+
+
+def _matrix(rows: int, cols: int, dtype: torch.dtype, transposed: bool,
+            seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if transposed:
+        return torch.randn(cols, rows, generator=gen).to(dtype).to(target_device()).t()
+    return torch.randn(rows, cols, generator=gen).to(dtype).to(target_device())
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.sampled_from([1, 5, 16, 33]), k=st.sampled_from([1, 8, 17]),
+       n=st.sampled_from([2, 16, 31]), dtype=st.sampled_from([torch.float32, torch.float16]),
+       ta=st.booleans(), tb=st.booleans())
+def test_mm_replay_multiplies_the_new_operands(m: int, k: int, n: int, dtype: torch.dtype,
+                                               ta: bool, tb: bool) -> None:
+    """Property: mm called again with operands of the first call's structure (transposed
+    or not) gives the product of the new operands, in the first call's layout, without
+    running mm's host code again."""
+    replay.clear()
+    a, b = _matrix(m, k, dtype, ta, 1), _matrix(k, n, dtype, tb, 2)
+    first = mm_module.mm(a, b)
+    assert_close(first, a.double().cpu() @ b.double().cpu(), reduce_size=k)
+    assert replay.kept() == 1
+    a2, b2 = _matrix(m, k, dtype, ta, 3), _matrix(k, n, dtype, tb, 4)
+    with pytest.MonkeyPatch.context() as mp:
+        _no_deciding(mp)
+        second = mm_module.mm(a2, b2)
+    assert second.stride() == first.stride() and second.dtype == dtype
+    assert_close(second, a2.double().cpu() @ b2.double().cpu(), reduce_size=k)
+
+
+def test_addmm_replays_a_broadcast_bias_from_the_new_input() -> None:
+    """addmm's bias is a broadcast view of its input: the replay views the new input."""
+    dev = target_device()
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        bias = torch.randn(7, generator=gen).to(dev)
+        a = torch.randn(4, 5, generator=gen).to(dev)
+        b = torch.randn(5, 7, generator=gen).to(dev)
+        got = mm_module.addmm(bias, a, b, beta=0.5, alpha=2.0)
+        want = 0.5 * bias.double().cpu() + 2.0 * (a.double().cpu() @ b.double().cpu())
+        assert_close(got, want, reduce_size=5)
+    assert replay.kept() == 1
+
+
+def test_addmm_with_alpha_zero_is_never_kept() -> None:
+    """alpha 0 writes the output with a torch call (no launch): it runs as written, and
+    a nan in the matrices does not reach the result, on every call."""
+    dev = target_device()
+    a = torch.full((3, 4), float("nan"), device=dev)
+    b = torch.ones(4, 2, device=dev)
+    for v in (1.0, 2.0):
+        bias = torch.full((3, 2), v, device=dev)
+        got = mm_module.addmm(bias, a, b, beta=3.0, alpha=0.0)
+        assert torch.equal(got.cpu(), torch.full((3, 2), 3.0 * v))
+    assert replay.kept() == 0
+
+
+def test_out_calls_run_as_written() -> None:
+    """An out= call is never kept (its out is resized and checked each time)."""
+    dev = target_device()
+    a, b = torch.randn(3, 4, device=dev), torch.randn(4, 5, device=dev)
+    for _ in range(2):
+        out = torch.empty(0, device=dev)
+        mm_module.mm(a, b, out=out)
+        assert out.shape == (3, 5)
+        assert_close(out, a.double().cpu() @ b.double().cpu(), reduce_size=4)
+    assert replay.kept() == 0
+
+
+def test_a_workspace_is_not_kept() -> None:
+    """An op whose launches write a tensor that is neither an input nor an output (a
+    workspace) is not kept: each call runs as written and is right."""
+
+    @replay.replayable()
+    def twice_plus_one(x: torch.Tensor) -> torch.Tensor:
+        return pw.mul(pw.add(x, 1), 2)
+
+    for v in (1.0, 5.0):
+        x = torch.full((8,), v, device=target_device())
+        assert torch.equal(twice_plus_one(x).cpu(), torch.full((8,), (v + 1) * 2))
+    assert replay.kept() == 0
+
+
+def test_one_launch_over_input_and_output_is_kept_and_replayed() -> None:
+    """An op that is one pointwise launch into a new output is kept; its replay reads
+    the new input."""
+
+    @replay.replayable()
+    def plus_one(x: torch.Tensor) -> torch.Tensor:
+        return pw.add(x, 1)
+
+    for v in (1.0, 5.0, -2.0):
+        x = torch.full((8,), v, device=target_device())
+        assert torch.equal(plus_one(x).cpu(), torch.full((8,), v + 1))
+    assert replay.kept() == 1
+
+
+def test_recording_sees_this_threads_launches_and_nests() -> None:
+    """recording() collects the launches of its own thread; an inner block records
+    instead of the outer one while it is open."""
+    x = torch.randn(16, device=target_device())
+    with recording() as outer:
+        pw.add(x, 1)
+        with recording() as inner:
+            pw.mul(x, 3)
+        pw.add(x, 2)
+    assert len(inner.launches) == 1
+    assert len(outer.launches) == 2
+    assert not outer.scratch
+
+
+def test_the_scratch_allocator_request_is_noted() -> None:
+    """A launch that asks for the scratch allocator marks the recording, so a replay on
+    another thread asks for it too."""
+    with recording() as rec:
+        gemshal.ensure_scratch_allocator()
+    assert rec.scratch
+
+
+def test_a_prepared_launch_stands_down_while_recording() -> None:
+    """A launch the pointwise memo has prepared (launches stubbed here, so the direct
+    path exists on the CPU) goes the usual way inside recording(), so it is recorded."""
+    from gemshal.kernel import stub_launches
+    from gemsops.ops.pointwise import iterator
+
+    iterator.clear_memo()
+    x = torch.randn(64)
+    with stub_launches():
+        for _ in range(4):
+            pw.add(x, 1)
+        recipe = next(iter(iterator._MEMO.values()))
+        assert recipe.prepared is not None
+        with recording() as rec:
+            pw.add(x, 1)
+        assert len(rec.launches) == 1
+    iterator.clear_memo()
