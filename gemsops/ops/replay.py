@@ -3,12 +3,13 @@ runs that code once per structure, and replays the outputs and launches after.
 
 :func:`replayable` wraps an op's implementation. Each call's key is its arguments'
 structure: per tensor its dtype, shape, strides, device and 16-byte alignment; per
-number, string, dtype or device its type and value (a 0-dim CPU tensor, a list of
-tensors, an ``out=`` tensor or any other argument: no key, the call runs as written).
+number, string, dtype or device its type and value; a list of integers or of tensors
+element by element (a 0-dim CPU tensor, an ``out=`` tensor or any other argument: no
+key, the call runs as written).
 On the first call with a key the implementation runs under
 :func:`gemshal.kernel.recording`; when it made new output tensors and launched gemshal
 kernels whose tensor arguments are the call's own tensors, its outputs, or views of
-its inputs, the outputs' layouts and the launches are kept. A later call with the key
+either, the outputs' layouts and the launches are kept. A later call with the key
 allocates the outputs and fires the launches (prepared, see
 :meth:`gemshal.kernel.Kernel.prepare`) with its own tensors.
 
@@ -51,33 +52,54 @@ def kept() -> int:
     return len(_MEMO)
 
 
-def _key(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+def _tensor(value: Tensor, append: Callable[[Any], None]) -> bool:
+    if value.layout is not torch.strided:
+        return False
+    device = value.device
+    shape = value.shape
+    if not shape and device.type == "cpu":
+        return False  # read as a number by the ops that take one
+    append(value.dtype)
+    append(shape)
+    append(value.stride())
+    append(device)
+    append(not value.data_ptr() & 15)
+    return True
+
+
+def _key(name: str, args: tuple[Any, ...],
+         kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """(the call's key, its inputs flattened: a list of tensors gives its tensors)."""
     parts: list[Any] = [name]
     append = parts.append
+    inputs: list[Any] = []
     for value in (*args, *kwargs.values()):
         if isinstance(value, Tensor):
-            if value.layout is not torch.strided:
+            if not _tensor(value, append):
                 return None
-            device = value.device
-            shape = value.shape
-            if not shape and device.type == "cpu":
-                return None  # read as a number by the ops that take one
-            append(value.dtype)
-            append(shape)
-            append(value.stride())
-            append(device)
-            append(not value.data_ptr() & 15)
+            inputs.append(value)
         elif type(value) in _PLAIN:
             append(type(value))
             append(value)
-        elif type(value) in (list, tuple) and all(type(v) is int for v in value):
-            append(tuple(value))
+            inputs.append(value)
+        elif type(value) in (list, tuple):
+            if all(type(v) is int for v in value):
+                append(tuple(value))
+                inputs.append(value)
+            elif all(isinstance(v, Tensor) for v in value):
+                append(("tensors", len(value)))
+                for v in value:
+                    if not _tensor(v, append):
+                        return None
+                inputs.extend(value)
+            else:
+                return None
         else:
             return None
     if kwargs:
         append(tuple(kwargs))
     append(torch.get_default_dtype())
-    return tuple(parts)
+    return tuple(parts), tuple(inputs)
 
 
 class _Launch:
@@ -88,7 +110,8 @@ class _Launch:
         self.kernel = kernel
         self.grid = grid
         self.template = template
-        self.tensors = tensors  # (position, "in" | "out" | "view", index, view geometry)
+        # (position, "in" | "out" | "view" | "outview", index, view geometry)
+        self.tensors = tensors
         self.keywords = keywords
         self.prepared: Any = None
 
@@ -116,6 +139,9 @@ class _Recipe:
                     call[position] = inputs[index]
                 elif kind == "out":
                     call[position] = outs[index]
+                elif kind == "outview":
+                    shape, strides, delta = view
+                    call[position] = outs[index].as_strided(shape, strides, delta)
                 else:
                     base = inputs[index]
                     shape, strides, delta = view
@@ -137,6 +163,10 @@ def _find(t: Tensor, inputs: tuple[Any, ...],
         if t is x:
             return "in", i, None
     storage = t.untyped_storage().data_ptr()
+    for i, o in enumerate(outs):
+        if o.untyped_storage().data_ptr() == storage and t.dtype == o.dtype:
+            return "outview", i, (tuple(t.shape), tuple(t.stride()),
+                                  t.storage_offset() - o.storage_offset())
     for i, x in enumerate(inputs):
         if isinstance(x, Tensor) and x.untyped_storage().data_ptr() == storage and (
                 t.dtype == x.dtype):
@@ -157,6 +187,12 @@ def _recipe(inputs: tuple[Any, ...], result: Any, rec: Any) -> _Recipe | None:
                    if isinstance(x, Tensor) and x.numel()}
     if any(o.numel() and o.untyped_storage().data_ptr() in in_storages for o in outs):
         return None  # a view of an input
+    for o in outs:
+        # The replay allocates each output alone: it must own its whole storage.
+        span = (sum((n - 1) * st for n, st in zip(o.shape, o.stride(), strict=True)) + 1
+                if o.numel() else 0) * o.element_size()
+        if o.storage_offset() or o.untyped_storage().nbytes() != span:
+            return None
     if not rec.launches and any(o.numel() for o in outs):
         return None  # written by something other than a gemshal launch
     launches = []
@@ -189,12 +225,12 @@ def replayable(*, when: Callable[..., bool] | None = None,
         def run(*args: Any, **kwargs: Any) -> Any:
             if kwargs.get("out") is not None or (when is not None and not when(*args, **kwargs)):
                 return fn(*args, **kwargs)
-            key = _key(name, args, kwargs)
-            if key is not None and extra is not None:
-                key = (*key, extra())
-            if key is None:
+            keyed = _key(name, args, kwargs)
+            if keyed is None:
                 return fn(*args, **kwargs)
-            inputs = (*args, *kwargs.values())
+            key, inputs = keyed
+            if extra is not None:
+                key = (*key, extra())
             recipe = _MEMO.get(key)
             if recipe is not None and recipe.vendor is gemshal.current_vendor():
                 return recipe.replay(inputs)

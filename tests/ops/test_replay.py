@@ -176,3 +176,49 @@ def test_a_prepared_launch_stands_down_while_recording() -> None:
             pw.add(x, 1)
         assert len(rec.launches) == 1
     iterator.clear_memo()
+
+
+def test_cat_replays_a_list_of_new_tensors() -> None:
+    """cat of a list of tensors of one structure: the replay copies the new tensors into
+    the right windows of the new output (views of the output) without cat's checks."""
+    from gemsops.ops.memory import copy as copy_module
+
+    dev = target_device()
+    shapes = [(2, 3), (2, 5), (2, 1)]
+    first = [torch.randn(s, generator=torch.Generator().manual_seed(i)).to(dev)
+             for i, s in enumerate(shapes)]
+    assert torch.equal(copy_module.cat(first, 1), torch.cat(first, 1))
+    assert replay.kept() == 1
+    second = [torch.randn(s, generator=torch.Generator().manual_seed(9 + i)).to(dev)
+              for i, s in enumerate(shapes)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(copy_module, "_output_format", lambda *_: pytest.fail("decided afresh"))
+        got = copy_module.cat(second, 1)
+    assert torch.equal(got, torch.cat(second, 1))
+
+
+def test_slice_backward_replays_zeros_and_the_new_gradient() -> None:
+    """slice_backward zeroes around the window and copies the gradient into it: the
+    replay does both on a fresh output (no stale values from the first call)."""
+    from gemsops.ops.memory import window
+
+    dev = target_device()
+    for v in (1.0, 7.0, -3.0):
+        grad = torch.full((4, 2), v, device=dev)
+        got = window.slice_backward(grad, [4, 6], 1, 2, 4, 1)
+        want = torch.zeros(4, 6)
+        want[:, 2:4] = v
+        assert torch.equal(got.cpu(), want)
+    assert replay.kept() == 1
+
+
+def test_sum_replays_over_the_new_input() -> None:
+    """sum over a dim, kept from one call, sums the new input's values."""
+    from gemsops.ops.rowwise import reduce as reduce_module
+
+    dev = target_device()
+    for seed in range(3):
+        x = torch.randn(6, 9, generator=torch.Generator().manual_seed(seed)).to(dev)
+        got = reduce_module.sum(x, [1])
+        assert_close(got, x.double().cpu().sum(1), reduce_size=9)
+    assert replay.kept() == 1

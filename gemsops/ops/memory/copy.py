@@ -45,6 +45,7 @@ from gemsops.ops.dtypes import TL_DTYPES, check_supported
 from gemsops.ops.pointwise.arith import COPY
 from gemsops.ops.pointwise.iterator import run
 from gemsops.ops.pointwise.types import device_type
+from gemsops.ops.replay import replayable
 
 __all__ = ["cat", "check_input", "clone", "copy_", "to_copy"]
 
@@ -112,6 +113,7 @@ def _output_format(tensors: Sequence[Tensor]) -> torch.memory_format:
 
 
 @op("cat.default")
+@replayable()
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along ``dim``, as ``torch.cat``.
 

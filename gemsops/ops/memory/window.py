@@ -34,6 +34,7 @@ from gemsops.ops.dtypes import Number
 from gemsops.ops.memory.copy import check_input, clone
 from gemsops.ops.pointwise.arith import COPY, FILL
 from gemsops.ops.pointwise.iterator import broadcast_shape, run
+from gemsops.ops.replay import replayable
 
 __all__ = ["constant_pad_nd", "select_backward", "slice_backward"]
 
@@ -133,6 +134,7 @@ def _wrap_dim(dim: int, rank: int) -> int:
 
 
 @op("slice_backward.default")
+@replayable()
 def slice_backward(grad_output: Tensor, input_sizes: Sequence[int], dim: int, start: int,
                    end: int, step: int) -> Tensor:
     """The gradient of ``x[..., start:end:step, ...]`` (along ``dim``) for ``x`` of

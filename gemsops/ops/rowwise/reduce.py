@@ -17,6 +17,7 @@ from torch import Tensor
 
 from gemsops.declare import op
 from gemsops.ops.pointwise.arith import ne
+from gemsops.ops.replay import replayable
 from gemsops.ops.rowwise.index import max_dim, min_dim
 from gemsops.ops.rowwise.layout import check_dtype, check_input, dim_list
 from gemsops.ops.rowwise.value import MAX, MIN, PROD, SUM, reduce
@@ -54,6 +55,7 @@ def _mean_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
 
 
 @op("sum.default", "sum.dim_IntList", out=("sum.out", "sum.IntList_out"))
+@replayable()
 def sum(
     x: Tensor,
     dim: int | Sequence[int] | None = None,
@@ -78,6 +80,7 @@ def sum(
 
 
 @op("mean.default", "mean.dim", out=("mean.dtype_out", "mean.out"))
+@replayable()
 def mean(
     x: Tensor,
     dim: int | Sequence[int] | None = None,
