@@ -307,9 +307,9 @@ class Launcher:
         self.disabled: str | None = None
         self.counts = {"direct": 0, "jit": 0, "compiled": 0}
         self._keywords: dict[int, tuple[Mapping[str, Any], Keywords]] = {}
+        # Counts the times entries were dropped: a Ready launch made before holds an
+        # older epoch and stands down.
         self.epoch = 0
-        """Counts the times entries were dropped: a :class:`Ready` launch made before
-        holds an older epoch and stands down."""
 
     def clear(self) -> None:
         """Drop every entry and re-enable the direct path."""

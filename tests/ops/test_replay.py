@@ -166,7 +166,7 @@ def test_a_prepared_launch_stands_down_while_recording() -> None:
     from gemsops.ops.pointwise import iterator
 
     iterator.clear_memo()
-    x = torch.randn(64)
+    x = torch.randn(64, device=target_device())
     with stub_launches():
         for _ in range(4):
             pw.add(x, 1)
