@@ -222,3 +222,43 @@ def test_sum_replays_over_the_new_input() -> None:
         got = reduce_module.sum(x, [1])
         assert_close(got, x.double().cpu().sum(1), reduce_size=9)
     assert replay.kept() == 1
+
+
+def test_softmax_forward_and_backward_replay_the_new_values() -> None:
+    """aten's _softmax and its backward, kept from one call, compute from the new
+    tensors on the next calls."""
+    from gemsops.ops.rowwise import softmax as sm
+
+    dev = target_device()
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(5, 33, generator=gen).to(dev)
+        g = torch.randn(5, 33, generator=gen).to(dev)
+        y = sm._softmax(x, -1, False)
+        assert_close(y, torch.softmax(x.double().cpu(), -1))
+        dx = sm.softmax_backward(g, y, -1, x.dtype)
+        want = torch.ops.aten._softmax_backward_data(g.double().cpu(), y.double().cpu(), -1,
+                                                     torch.float64)
+        assert_close(dx, want, reduce_size=33)
+    assert replay.kept() == 2
+
+
+def test_rms_norm_replays_and_layer_norm_is_not_kept_on_the_cpu() -> None:
+    """_fused_rms_norm is kept and replays (output and statistic from the new input);
+    layer norm reads its input for huge values on the CPU, so there it is never kept."""
+    from gemsops.ops.norm import norm
+
+    dev = target_device()
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(4, 16, generator=gen).to(dev)
+        w = torch.randn(16, generator=gen).to(dev)
+        y, rstd = norm.fused_rms_norm(x, [16], w, 1e-6)
+        want_y, want_rstd = torch.ops.aten._fused_rms_norm(x.double().cpu(), [16],
+                                                           w.double().cpu(), 1e-6)
+        assert_close(y, want_y, reduce_size=16)
+        assert_close(rstd.view(-1), want_rstd.view(-1), reduce_size=16)
+    assert replay.kept() == 1
+    x = torch.randn(4, 16, device=dev)
+    norm.native_layer_norm(x, [16], None, None, 1e-5)
+    assert replay.kept() == (1 if dev.type == "cpu" else 2)

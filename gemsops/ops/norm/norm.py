@@ -30,6 +30,7 @@ from gemsops.ops.higher_order import gems_backward, higher_order, torch_gradient
 from gemsops.ops.norm.kernels import KERNELS as _KERNELS
 from gemsops.ops.norm.kernels import column_sum_kernel as _column_sum_kernel
 from gemsops.ops.pointwise.types import holds_large
+from gemsops.ops.replay import replayable
 
 __all__ = [
     "fused_rms_norm",
@@ -245,6 +246,11 @@ def _check_edges(x: Tensor, N: int) -> None:
         raise Unsupported("an infinite or huge input: torch's statistics depend on its order")
 
 
+def _off_the_cpu(input: Tensor, *_args: Any, **_kwargs: Any) -> bool:
+    # On the CPU layer norm reads its input for huge values (_check_edges): not replayed.
+    return not input.is_cpu
+
+
 def _shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(normalized_shape, int):
         return (normalized_shape,)
@@ -252,6 +258,7 @@ def _shape(normalized_shape: int | Sequence[int]) -> tuple[int, ...]:
 
 
 @op("native_layer_norm.default")
+@replayable(when=_off_the_cpu)
 def native_layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,
                       bias: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
     """Layer norm over the trailing ``normalized_shape`` dims, with its statistics.
@@ -302,6 +309,7 @@ def _rms_eps(dtype: torch.dtype, eps: float | None) -> float:
 
 
 @op("_fused_rms_norm.default")
+@replayable()
 def fused_rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None,
                    eps: float | None) -> tuple[Tensor, Tensor]:
     """RMS norm with its statistic: ``(out, rstd)``, rstd in fp32 (fp64 for fp64 input).

@@ -24,6 +24,7 @@ from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, tl_acc
+from gemsops.ops.replay import replayable
 from gemsops.ops.rowwise.layout import check_input, line_layout, wrap_dim
 from gemsops.ops.rowwise.tiles import launch, mid_block, row_block
 
@@ -330,6 +331,7 @@ def log_softmax(x: Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> T
 
 
 @op("_softmax_backward_data.default", out="_softmax_backward_data.out")
+@replayable()
 def softmax_backward(
     grad_output: Tensor, output: Tensor, dim: int, input_dtype: torch.dtype
 ) -> Tensor:
@@ -338,6 +340,7 @@ def softmax_backward(
 
 
 @op("_log_softmax_backward_data.default", out="_log_softmax_backward_data.out")
+@replayable()
 def log_softmax_backward(
     grad_output: Tensor, output: Tensor, dim: int, input_dtype: torch.dtype
 ) -> Tensor:
@@ -347,6 +350,7 @@ def log_softmax_backward(
 
 # aten's forward overloads take half_to_float instead of a dtype; not public names.
 @op("_softmax.default", out="_softmax.out", public=False)
+@replayable()
 def _softmax(x: Tensor, dim: int, half_to_float: bool) -> Tensor:
     """aten's ``_softmax``: softmax along ``dim``; ``half_to_float`` gives a float32
     result of a float16 input."""
@@ -354,6 +358,7 @@ def _softmax(x: Tensor, dim: int, half_to_float: bool) -> Tensor:
 
 
 @op("_log_softmax.default", out="_log_softmax.out", public=False)
+@replayable()
 def _log_softmax(x: Tensor, dim: int, half_to_float: bool) -> Tensor:
     """aten's ``_log_softmax``, as :func:`_softmax`."""
     return _forward(x, dim, half_to_float, True)
