@@ -262,3 +262,22 @@ def test_rms_norm_replays_and_layer_norm_is_not_kept_on_the_cpu() -> None:
     x = torch.randn(4, 16, device=dev)
     norm.native_layer_norm(x, [16], None, None, 1e-5)
     assert replay.kept() == (1 if dev.type == "cpu" else 2)
+
+
+def test_to_copy_and_clone_replay_the_new_values() -> None:
+    """_to_copy (a dtype conversion of a transposed tensor) and clone, kept from one
+    call, copy the new tensor's values with the first call's layout; a call naming a
+    device is never kept."""
+    from gemsops.ops.memory import copy as copy_module
+
+    dev = target_device()
+    for seed in range(3):
+        x = torch.randn(5, 7, generator=torch.Generator().manual_seed(seed)).to(dev).t()
+        half = copy_module.to_copy(x, dtype=torch.float16)
+        want = x.to(torch.float16)
+        assert torch.equal(half, want) and half.stride() == want.stride()
+        c = copy_module.clone(x)
+        assert torch.equal(c, x) and c.stride() == x.clone().stride()
+    assert replay.kept() == 2
+    copy_module.to_copy(x, dtype=torch.float16, device=x.device)
+    assert replay.kept() == 2

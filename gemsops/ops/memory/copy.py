@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -68,6 +69,7 @@ def check_input(t: Tensor, what: str) -> None:
 
 
 @op("clone.default")
+@replayable()
 def clone(x: Tensor, *, memory_format: torch.memory_format | None = None) -> Tensor:
     """A copy of ``x`` in new memory, laid out as ``torch.clone`` lays it out.
 
@@ -213,7 +215,13 @@ def _same_device(x: Tensor, device: torch.device | str | int | None) -> bool:
 _CHANNELS_RANK = {torch.channels_last: 4, torch.channels_last_3d: 5}
 
 
+def _no_device(*_args: Any, **kwargs: Any) -> bool:
+    # A device argument may name the current device (no index): not a structural choice.
+    return kwargs.get("device") is None
+
+
 @op("_to_copy.default", name="to_copy")
+@replayable(when=_no_device)
 def to_copy(x: Tensor, *, dtype: torch.dtype | None = None, layout: torch.layout | None = None,
             device: torch.device | str | None = None, pin_memory: bool | None = None,
             non_blocking: bool = False,
