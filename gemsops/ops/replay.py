@@ -9,7 +9,9 @@ key, the call runs as written).
 On the first call with a key the implementation runs under
 :func:`gemshal.kernel.recording`; when it made new output tensors and launched gemshal
 kernels whose tensor arguments are the call's own tensors, its outputs, or views of
-either, the outputs' layouts and the launches are kept. A later call with the key
+either, the outputs' layouts and the launches are kept (an op that vouches for its
+workspaces may also launch over tensors it allocated for the call). A result may hold
+numbers and None beside its tensors. A later call with the key
 allocates the outputs and fires the launches (prepared, see
 :meth:`gemshal.kernel.Kernel.prepare`) with its own tensors.
 
@@ -117,19 +119,25 @@ class _Launch:
 
 
 class _Recipe:
-    __slots__ = ("launches", "outputs", "scratch", "single", "vendor")
+    __slots__ = ("launches", "outputs", "result", "scratch", "single", "vendor", "work")
 
     def __init__(self, outputs: tuple[tuple[Any, ...], ...], launches: tuple[_Launch, ...],
-                 single: bool, scratch: bool, vendor: Any) -> None:
+                 single: bool, scratch: bool, vendor: Any,
+                 result: tuple[Any, ...] = (), work: tuple[tuple[Any, ...], ...] = ()) -> None:
         self.outputs = outputs
         self.launches = launches
         self.single = single
         self.scratch = scratch
         self.vendor = vendor
+        # per result element: an index into the outputs, or (None, constant)
+        self.result = result
+        self.work = work  # workspaces: (shape, strides, dtype, device)
 
     def replay(self, inputs: tuple[Any, ...]) -> Any:
         outs = [torch.empty_strided(shape, strides, dtype=dtype, device=device)
                 for shape, strides, dtype, device in self.outputs]
+        work = [torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                for shape, strides, dtype, device in self.work]
         if self.scratch:
             gemshal.ensure_scratch_allocator()  # Triton's allocator is per thread
         for launch in self.launches:
@@ -142,6 +150,8 @@ class _Recipe:
                 elif kind == "outview":
                     shape, strides, delta = view
                     call[position] = outs[index].as_strided(shape, strides, delta)
+                elif kind == "work":
+                    call[position] = work[index]
                 else:
                     base = inputs[index]
                     shape, strides, delta = view
@@ -151,7 +161,9 @@ class _Recipe:
             if prepared is None or not prepared.fire(args):
                 launch.kernel.launch(launch.grid, args, launch.keywords)
                 launch.prepared = launch.kernel.prepare(launch.grid, args, launch.keywords)
-        return outs[0] if self.single else tuple(outs)
+        if self.single:
+            return outs[0]
+        return tuple(outs[r] if type(r) is int else r[1] for r in self.result)
 
 
 def _find(t: Tensor, inputs: tuple[Any, ...],
@@ -175,10 +187,35 @@ def _find(t: Tensor, inputs: tuple[Any, ...],
     return None
 
 
-def _recipe(inputs: tuple[Any, ...], result: Any, rec: Any) -> _Recipe | None:
+def _owns_storage(t: Tensor) -> bool:
+    """Whether ``t`` is its storage's only view from the start (a replay allocates it
+    alone)."""
+    span = (sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1
+            if t.numel() else 0) * t.element_size()
+    return not t.storage_offset() and t.untyped_storage().nbytes() == span
+
+
+_CONSTANT_OUTPUT = (type(None), bool, int, float)
+
+
+def _recipe(inputs: tuple[Any, ...], result: Any, rec: Any,
+            workspaces: bool) -> _Recipe | None:
     single = isinstance(result, Tensor)
-    outs = (result,) if single else result
-    if not isinstance(outs, tuple) or not outs or not all(isinstance(o, Tensor) for o in outs):
+    if single:
+        outs: tuple[Tensor, ...] = (result,)
+        shape: tuple[Any, ...] = (0,)
+    else:
+        if not isinstance(result, tuple) or not result:
+            return None
+        if not all(isinstance(o, Tensor) or type(o) in _CONSTANT_OUTPUT for o in result):
+            return None
+        outs = tuple(o for o in result if isinstance(o, Tensor))
+        slots: list[Any] = []
+        for o in result:
+            slots.append(len([s for s in slots if type(s) is int]) if isinstance(o, Tensor)
+                         else (None, o))
+        shape = tuple(slots)
+    if not outs:
         return None
     ids = {id(x) for x in inputs if isinstance(x, Tensor)}
     if len({id(o) for o in outs}) != len(outs) or any(id(o) in ids for o in outs):
@@ -187,15 +224,12 @@ def _recipe(inputs: tuple[Any, ...], result: Any, rec: Any) -> _Recipe | None:
                    if isinstance(x, Tensor) and x.numel()}
     if any(o.numel() and o.untyped_storage().data_ptr() in in_storages for o in outs):
         return None  # a view of an input
-    for o in outs:
-        # The replay allocates each output alone: it must own its whole storage.
-        span = (sum((n - 1) * st for n, st in zip(o.shape, o.stride(), strict=True)) + 1
-                if o.numel() else 0) * o.element_size()
-        if o.storage_offset() or o.untyped_storage().nbytes() != span:
-            return None
+    if not all(_owns_storage(o) for o in outs):
+        return None  # the replay allocates each output alone
     if not rec.launches and any(o.numel() for o in outs):
         return None  # written by something other than a gemshal launch
     launches = []
+    work: list[Tensor] = []
     for kernel, grid, args, keywords in rec.launches:
         template = list(args)
         tensors = []
@@ -203,20 +237,34 @@ def _recipe(inputs: tuple[Any, ...], result: Any, rec: Any) -> _Recipe | None:
             if isinstance(value, Tensor):
                 found = _find(value, inputs, outs)
                 if found is None:
-                    return None  # a tensor made for this call (a workspace)
+                    # A tensor made for this call (a workspace): kept only where the op
+                    # vouches its launches write every workspace before reading it.
+                    at = next((i for i, w in enumerate(work) if w is value), None)
+                    if at is None:
+                        if not workspaces or not _owns_storage(value):
+                            return None
+                        at = len(work)
+                        work.append(value)
+                    found = ("work", at, None)
                 tensors.append((position, *found))
                 template[position] = None
         launches.append(_Launch(kernel, grid, template, tuple(tensors), keywords))
     outputs = tuple((tuple(o.shape), tuple(o.stride()), o.dtype, o.device) for o in outs)
-    return _Recipe(outputs, tuple(launches), single, rec.scratch, gemshal.current_vendor())
+    spaces = tuple((tuple(w.shape), tuple(w.stride()), w.dtype, w.device) for w in work)
+    return _Recipe(outputs, tuple(launches), single, rec.scratch, gemshal.current_vendor(),
+                   () if single else shape, spaces)
 
 
 def replayable(*, when: Callable[..., bool] | None = None,
-               extra: Callable[[], Any] | None = None) -> Callable[[F], F]:
+               extra: Callable[[], Any] | None = None,
+               workspaces: bool = False) -> Callable[[F], F]:
     """Make an op implementation replay its outputs and launches per argument structure
     (see the module docstring for the contract). ``when(*args, **kwargs)``: False for a
     call that must run as written every time; ``extra()``: global state the host code
-    reads (mm's float32 matmul precision), added to each key."""
+    reads (mm's float32 matmul precision), added to each key; ``workspaces``: the op
+    vouches that every other tensor its launches take is allocated empty and written by
+    a launch before one reads it, so the replay allocates it afresh (attention's
+    backward and its row statistics)."""
 
     def wrap(fn: F) -> F:
         name = f"{fn.__module__}.{fn.__qualname__}"
@@ -236,7 +284,7 @@ def replayable(*, when: Callable[..., bool] | None = None,
                 return recipe.replay(inputs)
             with recording() as rec:
                 result = fn(*args, **kwargs)
-            made = _recipe(inputs, result, rec)
+            made = _recipe(inputs, result, rec, workspaces)
             if made is not None:
                 if len(_MEMO) >= _SLOTS:
                     _MEMO.clear()

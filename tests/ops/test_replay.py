@@ -281,3 +281,48 @@ def test_to_copy_and_clone_replay_the_new_values() -> None:
     assert replay.kept() == 2
     copy_module.to_copy(x, dtype=torch.float16, device=x.device)
     assert replay.kept() == 2
+
+
+def test_attention_forward_and_backward_replay_with_a_workspace() -> None:
+    """The attention forward (output and logsumexp, a view of its own statistics) and
+    its backward (a row-statistics workspace written before it is read) replay with the
+    new tensors; a bool mask (made into a bias by torch calls) is never kept."""
+    from gemsops.ops.attention import sdpa
+
+    dev = target_device()
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v, g = (torch.randn(1, 2, 8, 16, generator=gen).to(dev) for _ in range(4))
+        out, lse = sdpa.flash_attention_for_cpu(q, k, v, 0.0, True)
+        ref = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+        want = torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True)
+        assert_close(out, want.detach(), reduce_size=8)
+        dq, dk, dv = sdpa.flash_attention_for_cpu_backward(g, q, k, v, out, lse, 0.0, True)
+        want.backward(g.double().cpu())
+        for got, r in zip((dq, dk, dv), ref, strict=True):
+            assert r.grad is not None
+            assert_close(got, r.grad, reduce_size=16)
+    assert replay.kept() == 2
+    mask = torch.ones(8, 8, dtype=torch.bool, device=dev).tril()
+    sdpa.flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask)
+    assert replay.kept() == 2
+
+
+def test_a_result_with_numbers_and_none_replays_them() -> None:
+    """flash attention's forward returns tensors beside None and integers (its
+    varlen fields): the replay gives the same constants and fresh tensors."""
+    from gemsops.ops.attention import sdpa
+
+    dev = target_device()
+    firsts = []
+    for seed in range(2):
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(1, 2, 8, 16, generator=gen).to(dev) for _ in range(3))
+        got = sdpa.flash_attention(q, k, v, 0.0, True)
+        assert got[2] is None and got[3] is None and got[4] == 8 and got[5] == 8
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.double().cpu(), k.double().cpu(), v.double().cpu(), is_causal=True)
+        assert_close(got[0], want, reduce_size=8)
+        firsts.append(got[0])
+    assert firsts[0] is not firsts[1]
+    assert replay.kept() == 1

@@ -43,6 +43,7 @@ from gemsops.ops.attention.kernels import (
 from gemsops.ops.dtypes import check_supported
 from gemsops.ops.grid import cdiv
 from gemsops.ops.higher_order import gems_backward, higher_order, torch_gradients
+from gemsops.ops.replay import replayable
 
 __all__ = [
     "efficient_attention",
@@ -235,7 +236,24 @@ def _no_varlen(*tensors: Tensor | None) -> None:
 # --- the aten overloads -------------------------------------------------------------
 
 
+def _no_bool_mask(*args: Any, **kwargs: Any) -> bool:
+    # A bool mask becomes an additive bias through torch calls (zeros, masked_fill_):
+    # not replayed. No mask, or a float one (a view of the input), is.
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, Tensor) and value.dtype == torch.bool:
+            return False
+    return True
+
+
+def _no_bias(*args: Any, **kwargs: Any) -> bool:
+    # Efficient attention's backward with a bias zeroes and reduces its gradient with
+    # torch calls: only the calls without one are replayed.
+    bias = kwargs.get("attn_bias", args[4] if len(args) > 4 else None)
+    return bias is None
+
+
 @op("_scaled_dot_product_flash_attention.default", public=False)
+@replayable()
 def flash_attention(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,
                     is_causal: bool = False, return_debug_mask: bool = False, *,
                     scale: float | None = None) -> tuple[Any, ...]:
@@ -264,6 +282,7 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, dropout_p: float 
 
 
 @op("_scaled_dot_product_flash_attention_backward.default", public=False)
+@replayable(workspaces=True)
 def flash_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
                              out: Tensor, logsumexp: Tensor, cum_seq_q: Tensor | None,
                              cum_seq_k: Tensor | None, max_q: int, max_k: int,
@@ -320,6 +339,7 @@ def efficient_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias: Te
 
 @op("_scaled_dot_product_efficient_attention_backward.default", public=False,
     args={"grad_out_": "grad_out"})
+@replayable(when=_no_bias, workspaces=True)
 def efficient_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
                                  attn_bias: Tensor | None, out: Tensor, logsumexp: Tensor,
                                  philox_seed: Tensor, philox_offset: Tensor, dropout_p: float,
@@ -348,6 +368,7 @@ def efficient_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, v
 
 
 @op("_scaled_dot_product_cudnn_attention.default", public=False)
+@replayable(when=_no_bool_mask)
 def cudnn_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias: Tensor | None,
                     compute_log_sumexp: bool, dropout_p: float = 0.0, is_causal: bool = False,
                     return_debug_mask: bool = False, *,
@@ -379,6 +400,7 @@ def cudnn_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias: Tensor
 
 
 @op("_scaled_dot_product_cudnn_attention_backward.default", public=False)
+@replayable(when=_no_bool_mask, workspaces=True)
 def cudnn_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
                              out: Tensor, logsumexp: Tensor, philox_seed: Tensor,
                              philox_offset: Tensor, attn_bias: Tensor | None,
@@ -403,6 +425,7 @@ def cudnn_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value
 
 
 @op("_scaled_dot_product_flash_attention_for_cpu.default", public=False)
+@replayable(when=_no_bool_mask)
 def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,
                             is_causal: bool = False, *, attn_mask: Tensor | None = None,
                             scale: float | None = None) -> tuple[Tensor, Tensor]:
@@ -424,6 +447,7 @@ def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p
 
 
 @op("_scaled_dot_product_flash_attention_for_cpu_backward.default", public=False)
+@replayable(when=_no_bool_mask, workspaces=True)
 def flash_attention_for_cpu_backward(grad_out: Tensor, query: Tensor, key: Tensor,
                                      value: Tensor, out: Tensor, logsumexp: Tensor,
                                      dropout_p: float, is_causal: bool, *,
