@@ -52,7 +52,7 @@ DEVICE_OR_STREAM = re.compile(r"device|stream|\b(?:cpu|cuda|xpu|npu|mlu|musa)(?:
 # The CPU test's preset: on the Triton interpreter a step costs about 13 us per element
 # of each pointwise op (AdamW runs ten per parameter), so the model stays this small.
 SHAPE_KEYS = ("width", "layers", "heads", "vocab", "batch", "seq")
-TINY = {"width": 16, "layers": 2, "heads": 2, "vocab": 32, "batch": 2, "seq": 8}
+TINY = {"width": 16, "layers": 2, "heads": 1, "vocab": 32, "batch": 2, "seq": 8}
 
 
 def _fully_shard() -> tuple[Callable[..., Any] | None, str]:
