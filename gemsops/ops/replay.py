@@ -33,6 +33,7 @@ from torch import Tensor
 
 import gemshal
 from gemshal.kernel import recording
+from gemsops.ops.pointwise.iterator import _extent, _tensor_key
 
 __all__ = ["clear", "kept", "replayable"]
 
@@ -54,21 +55,6 @@ def kept() -> int:
     return len(_MEMO)
 
 
-def _tensor(value: Tensor, append: Callable[[Any], None]) -> bool:
-    if value.layout is not torch.strided:
-        return False
-    device = value.device
-    shape = value.shape
-    if not shape and device.type == "cpu":
-        return False  # read as a number by the ops that take one
-    append(value.dtype)
-    append(shape)
-    append(value.stride())
-    append(device)
-    append(not value.data_ptr() & 15)
-    return True
-
-
 def _key(name: str, args: tuple[Any, ...],
          kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
     """(the call's key, its inputs flattened: a list of tensors gives its tensors)."""
@@ -77,7 +63,7 @@ def _key(name: str, args: tuple[Any, ...],
     inputs: list[Any] = []
     for value in (*args, *kwargs.values()):
         if isinstance(value, Tensor):
-            if not _tensor(value, append):
+            if not _tensor_key(value, append):
                 return None
             inputs.append(value)
         elif type(value) in _PLAIN:
@@ -91,7 +77,7 @@ def _key(name: str, args: tuple[Any, ...],
             elif all(isinstance(v, Tensor) for v in value):
                 append(("tensors", len(value)))
                 for v in value:
-                    if not _tensor(v, append):
+                    if not _tensor_key(v, append):
                         return None
                 inputs.extend(value)
             else:
@@ -190,9 +176,7 @@ def _find(t: Tensor, inputs: tuple[Any, ...],
 def _owns_storage(t: Tensor) -> bool:
     """Whether ``t`` is its storage's only view from the start (a replay allocates it
     alone)."""
-    span = (sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True)) + 1
-            if t.numel() else 0) * t.element_size()
-    return not t.storage_offset() and t.untyped_storage().nbytes() == span
+    return not t.storage_offset() and t.untyped_storage().nbytes() == _extent(t)
 
 
 _CONSTANT_OUTPUT = (type(None), bool, int, float)
