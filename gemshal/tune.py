@@ -145,6 +145,14 @@ _UNUSED_CHECKS: dict[str, UnusedCheck] = {}
 # Bumped by clear_cache() and add_tune_dir(): kernels that resolved their configs
 # under an older generation resolve them again at their next launch.
 _GENERATION = 0
+ON_CHANGE: list[Callable[[], None]] = []
+"""Called after each bump of the generation (an op library's own caches of launches,
+such as gemsops' native recipes, drop them)."""
+
+
+def _changed() -> None:
+    for callback in list(ON_CHANGE):
+        callback()
 
 
 def add_tune_dir(path: str | os.PathLike[str], *, origin: str) -> None:
@@ -169,6 +177,7 @@ def add_tune_dir(path: str | os.PathLike[str], *, origin: str) -> None:
         if all(d.path != entry.path for d in _DIRS):
             _DIRS.append(entry)
             _GENERATION += 1
+    _changed()
 
 
 def clear_cache() -> None:
@@ -178,6 +187,7 @@ def clear_cache() -> None:
         _FILES.clear()
         _KNOWN.clear()
         _GENERATION += 1
+    _changed()
 
 
 def add_unused_check(check: UnusedCheck, *, origin: str) -> None:

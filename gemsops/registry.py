@@ -208,9 +208,11 @@ def note_handed_back(name: str, reason: str) -> None:
 
 
 class _Inside(threading.local):
-    """Whether this thread is inside a gemsops implementation right now."""
+    """Whether this thread is inside a gemsops implementation right now, and whether
+    the last served call was served (True) or handed back to torch (False)."""
 
     depth = 0
+    served = False
 
 
 _INSIDE = _Inside()
@@ -418,6 +420,7 @@ def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[...,
         return call_torch(keyset, *args, **kwargs)
 
     def fallback(keyset: Any, reason: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        inside.served = False
         for rec in _RECORDS:
             rec.fallbacks[(overload, reason)] += 1
         return to_torch(keyset, args, kwargs)
@@ -447,6 +450,7 @@ def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[...,
         finally:
             inside.depth = 0
             scope.defer = False
+        inside.served = True
         for rec in _RECORDS:
             rec.served[overload] += 1
             if by_override is not None:
@@ -469,6 +473,8 @@ class _Active:
     skipped: dict[str, str] = attrs.field(factory=dict, eq=False)
     slots: tuple[tuple[str, str], ...] = attrs.field(default=(), eq=False)
     """(aten name, dispatch key) of every kernel registered."""
+    native: tuple[int, ...] = attrs.field(default=(), eq=False)
+    """Handles of the native kernels registered (:mod:`gemsops.native`)."""
 
 
 _ACTIVE: _Active | None = None
@@ -548,6 +554,8 @@ def _register(overloads: frozenset[str]) -> _Active:
     served: set[str] = set()
     skipped: dict[str, str] = {}
     slots: list[tuple[str, str]] = []
+    handles: list[int] = []
+    native_on = _native_on()
     with warnings.catch_warnings():
         # torch warns once that a kernel is overridden: that is the point of enable().
         warnings.filterwarnings("ignore", message=".*[Oo]verrid.*")
@@ -562,10 +570,44 @@ def _register(overloads: frozenset[str]) -> _Active:
             kernel, alone = served_kernel(overload, impls[overload], key)
             if alone:
                 skipped[overload] = f"torch has no {key} kernel; gemsops is the only one"
-            library.impl(name, kernel, key, with_keyset=True)  # type: ignore[no-untyped-call]
+            if native_on and key == backend and _native_eligible(overload):
+                _serve_native(library, overload, name, key, kernel, handles)
+            else:
+                library.impl(name, kernel, key, with_keyset=True)  # type: ignore[no-untyped-call]
             served.add(overload)
             slots.append((name, key))
-    return _Active(frozenset(served), library, (frozenset(), None), skipped, tuple(slots))
+    return _Active(frozenset(served), library, (frozenset(), None), skipped, tuple(slots),
+                   tuple(handles))
+
+
+def _native_on() -> bool:
+    """Whether this registration serves eligible overloads natively (GEMS_NATIVE=1 and
+    the library loads)."""
+    from gemsops import native
+
+    return native.wanted() and native.load()
+
+
+def _native_eligible(overload: str) -> bool:
+    from gemsops import native
+
+    return native.eligible(overload, source(overload))
+
+
+def _serve_native(library: Any, overload: str, name: str, key: str, kernel: Any,
+                  handles: list[int]) -> None:
+    """The native kernel at ``key``; the Python kernel one level down, at PrivateUse3
+    (keyed misses, recorded) and PrivateUse2 (calls the native kernel cannot key)."""
+    from gemsops import native
+    from gemsops.ops import replay
+
+    schema = aten_overload(overload)._schema
+    base = source(overload).split(" ")[0].split("[")[0]
+    workspaces, extra = replay.VOUCHED.get(base, (False, False))
+    record = native.recorder(overload, kernel, schema, workspaces, extra)
+    library.impl(name, kernel, "PrivateUse2", with_keyset=True)  # type: ignore[no-untyped-call]
+    library.impl(name, record, "PrivateUse3", with_keyset=True)  # type: ignore[no-untyped-call]
+    handles.append(native.serve(name, key, overload))
 
 
 def _names(names: Iterable[str] | None) -> frozenset[str] | None:
@@ -581,6 +623,11 @@ def _apply(key: _Key | None) -> frozenset[str]:
     if key is None:
         if _ACTIVE is not None:
             _retire(_ACTIVE)
+            if _ACTIVE.native:
+                from gemsops import native
+
+                for handle in _ACTIVE.native:  # before the Python kernels they call
+                    native.release(handle)
             _ACTIVE.library._destroy()
             _ACTIVE = None
             _forget_dispatch_caches()

@@ -224,10 +224,11 @@ Recording = _record.Recording
 @contextlib.contextmanager
 def recording() -> Iterator[Recording]:
     """Inside the block, this thread's kernel launches are appended to the yielded
-    :class:`Recording` (other threads' are not). Blocks on one thread do not nest: an
-    inner one records instead of the outer one until it ends.
+    :class:`Recording` (other threads' are not). Blocks on one thread nest: an inner
+    block's launches are appended to the outer one's too when it ends, so an outer
+    block sees every launch made inside it.
 
-    gemsops' replay memo uses it to learn, from one call, the launches an op makes.
+    gemsops' replay memos use it to learn, from one call, the launches an op makes.
     """
     ident = threading.get_ident()
     before = _record.RECORDERS.get(ident)
@@ -239,6 +240,8 @@ def recording() -> Iterator[Recording]:
         if before is None:
             _record.RECORDERS.pop(ident, None)
         else:
+            before.launches.extend(rec.launches)
+            before.scratch = before.scratch or rec.scratch
             _record.RECORDERS[ident] = before
 
 

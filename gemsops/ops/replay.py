@@ -33,9 +33,10 @@ from torch import Tensor
 
 import gemshal
 from gemshal.kernel import recording
+from gemsops.ops import witness
 from gemsops.ops.pointwise.iterator import _extent, _tensor_key
 
-__all__ = ["clear", "kept", "replayable"]
+__all__ = ["VOUCHED", "clear", "kept", "replayable"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -43,6 +44,10 @@ _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.la
           torch.memory_format)
 _MEMO: dict[tuple[Any, ...], _Recipe] = {}
 _SLOTS = 8192
+
+VOUCHED: dict[str, tuple[bool, bool]] = {}
+"""Per replayable implementation (``module.qualname``): (it vouches for its workspaces,
+its key reads global state through ``extra``). gemsops' native replay reads it."""
 
 
 def clear() -> None:
@@ -252,6 +257,7 @@ def replayable(*, when: Callable[..., bool] | None = None,
 
     def wrap(fn: F) -> F:
         name = f"{fn.__module__}.{fn.__qualname__}"
+        VOUCHED[name] = (workspaces, extra is not None)
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -265,6 +271,7 @@ def replayable(*, when: Callable[..., bool] | None = None,
                 key = (*key, extra())
             recipe = _MEMO.get(key)
             if recipe is not None and recipe.vendor is gemshal.current_vendor():
+                witness.note()
                 return recipe.replay(inputs)
             with recording() as rec:
                 result = fn(*args, **kwargs)
@@ -273,6 +280,7 @@ def replayable(*, when: Callable[..., bool] | None = None,
                 if len(_MEMO) >= _SLOTS:
                     _MEMO.clear()
                 _MEMO[key] = made
+                witness.note()
             return result
 
         return run  # type: ignore[return-value]

@@ -138,8 +138,9 @@ def test_one_launch_over_input_and_output_is_kept_and_replayed() -> None:
 
 
 def test_recording_sees_this_threads_launches_and_nests() -> None:
-    """recording() collects the launches of its own thread; an inner block records
-    instead of the outer one while it is open."""
+    """recording() collects the launches of its own thread; an inner block's launches
+    reach the outer block too (in order), so the outer one sees every launch made
+    inside it."""
     x = torch.randn(16, device=target_device())
     with recording() as outer:
         pw.add(x, 1)
@@ -147,7 +148,8 @@ def test_recording_sees_this_threads_launches_and_nests() -> None:
             pw.mul(x, 3)
         pw.add(x, 2)
     assert len(inner.launches) == 1
-    assert len(outer.launches) == 2
+    assert len(outer.launches) == 3
+    assert outer.launches[1] is inner.launches[0]
     assert not outer.scratch
 
 

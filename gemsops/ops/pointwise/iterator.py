@@ -28,6 +28,7 @@ from torch import Tensor
 
 from gemshal import current_vendor
 from gemsops.errors import Unsupported
+from gemsops.ops import witness
 from gemsops.ops.dtypes import TL_DTYPES, Number
 from gemsops.ops.outputs import warn_resize
 from gemsops.ops.pointwise.codegen import (
@@ -547,6 +548,7 @@ def _remember(key: tuple[Any, ...], op: PointwiseOp, operands: Sequence[Any],
     if len(_MEMO) >= _MEMO_SLOTS:
         _MEMO.clear()
     _MEMO[key] = _Recipe(op, alloc, launch, overlaps, current_vendor())
+    witness.note()
 
 
 def clear_memo() -> None:
@@ -587,6 +589,7 @@ def run(op: PointwiseOp, operands: Sequence[Tensor | Number | None], *,
     if recipe is not None and recipe.op is op and recipe.vendor is current_vendor():
         done = recipe.replay(operands, out)
         if done is not None:
+            witness.note()
             return done
     rec: list[Launch] = []
     given = None if out is None else (tuple(out.shape), tuple(out.stride()))

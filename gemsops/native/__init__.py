@@ -1,0 +1,209 @@
+"""gemsops' native replay: served calls of a seen structure issued from C++.
+
+With ``GEMS_NATIVE=1``, :func:`gemsops.enable` registers, for each overload whose host
+code decides from its arguments' structure alone (the pointwise ops, and the ops the
+replay memo takes: :func:`gemsops.ops.replay.replayable`), a C++ kernel
+(``native.cpp``, built on first use by :mod:`gemsops.native.build`) at the backend key
+in place of the Python kernel. The C++ kernel keys each call; a key it holds a recipe
+for allocates the outputs and launches the recorded kernels through the CUDA driver
+on torch's current stream, with no Python frame. A new key runs the Python kernel
+(registered at PrivateUse3) under :func:`gemshal.kernel.recording`, and when one of the
+host memos took the call and every launch maps onto the call's own tensors, hands the
+recipe back (:mod:`gemsops.native.recipe`). Calls it cannot key (a 0-dim CPU tensor,
+a generator...) run the Python kernel (at PrivateUse2) as before.
+
+Everything that decides stays in Python: tuning, compiling, the self-check of a launch,
+every fallback to torch. A recipe is what the Python path did for that structure.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ENV",
+    "available",
+    "clear",
+    "eligible",
+    "load",
+    "recorder",
+    "release",
+    "serve",
+    "stats",
+    "wanted",
+]
+
+ENV = "GEMS_NATIVE"
+_VALUES = {"0": False, "1": True, "": False}
+
+_LOCK = threading.Lock()
+_LOADED: list[bool] = []  # [True] loaded, [False] failed (see _WHY)
+_WHY: list[str] = []
+_HANDLES: dict[int, str] = {}  # handle -> overload, while registered
+
+
+def wanted() -> bool:
+    """Whether ``GEMS_NATIVE`` asks for the native replay.
+
+    Raises:
+        ValueError: a value other than ``0``, ``1`` or unset.
+    """
+    value = os.environ.get(ENV, "").strip()
+    if value not in _VALUES:
+        raise ValueError(f"{ENV}={value!r}: expected 1 (native replay on) or 0 / unset (off)")
+    return _VALUES[value]
+
+
+def load() -> bool:
+    """Build (first use) and load the library; False, with a warning naming the reason,
+    when it cannot be: the Python path then serves every call."""
+    if _LOADED:
+        return _LOADED[0]
+    with _LOCK:
+        if _LOADED:
+            return _LOADED[0]
+        from gemsops.native import build, recipe
+
+        try:
+            path = build.build()
+            torch.ops.load_library(str(path))
+            ops = torch.ops.gemsops_native
+            for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                          torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+                          torch.bool, torch.complex64, torch.complex128):
+                recipe.DTYPE_CODES[dtype] = int(ops.dtype_code(dtype))
+            for name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
+                dtype = getattr(torch, name, None)
+                if isinstance(dtype, torch.dtype):
+                    recipe.DTYPE_CODES[dtype] = int(ops.dtype_code(dtype))
+        except (build.BuildError, OSError, RuntimeError) as error:
+            _WHY.append(str(error))
+            _LOADED.append(False)
+            warnings.warn(f"gemsops: the native replay is off: {error}", RuntimeWarning,
+                          stacklevel=3)
+            return False
+        from gemshal import tune
+
+        tune.ON_CHANGE.append(clear)
+        _LOADED.append(True)
+        return True
+
+
+def available() -> bool:
+    """Whether the library is loaded."""
+    return bool(_LOADED and _LOADED[0])
+
+
+def eligible(overload: str, source: str) -> bool:
+    """Whether ``overload`` (implemented by ``source``, ``module.function``) may be
+    replayed natively: a pointwise op, or one the replay memo takes, and not an
+    ``out=`` overload (a replay would not resize ``out``)."""
+    from gemsops.ops import replay
+
+    name, _, over = overload.partition(".")
+    if over == "out" or over.endswith("_out"):
+        return False
+    base = source.split(" ")[0].split("[")[0]
+    if base in replay.VOUCHED:
+        return True
+    return base.startswith("gemsops.ops.pointwise.")
+
+
+def source_is_pointwise(overload: str) -> bool:
+    """Whether ``overload`` is one of the pointwise ops (its implementation lives in
+    ``gemsops.ops.pointwise``): their host code makes the launch from the operands'
+    structure and the numbers alone, so a recipe needs no memo's word."""
+    from gemsops import registry
+
+    return registry.source(overload).startswith("gemsops.ops.pointwise.")
+
+
+def serve(name: str, key: str, overload: str) -> int:
+    """Register the native kernel for ``aten::name`` at dispatch key ``key``; its handle."""
+    handle = int(torch.ops.gemsops_native.serve(name, key))
+    _HANDLES[handle] = overload
+    return handle
+
+
+def release(handle: int) -> None:
+    """Deregister one native kernel (its recipes go with it)."""
+    _HANDLES.pop(handle, None)
+    torch.ops.gemsops_native.release(handle)
+
+
+def clear() -> None:
+    """Forget every recipe (the tuning changed: the launches they hold may be stale)."""
+    if available():
+        torch.ops.gemsops_native.clear()
+
+
+_STAT_NAMES = ("hits", "misses", "unkeyed", "refused", "offered", "nested", "recipes")
+
+
+def stats() -> dict[str, dict[str, int]]:
+    """Per registered overload: native hits, misses (recorded by Python), calls it could
+    not key, calls of a refused key, recipes offered, calls made from inside a kernel,
+    recipes held."""
+    out = {}
+    for handle, overload in list(_HANDLES.items()):
+        values = list(torch.ops.gemsops_native.stats(handle))
+        if values:
+            out[overload] = dict(zip(_STAT_NAMES, values, strict=True))
+    return out
+
+
+def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
+             workspaces: bool, float32_extra: bool) -> Callable[..., Any]:
+    """The Python kernel of a native kernel's keyed miss: ``kernel`` under a recording,
+    then the recipe offered (or a refusal for good)."""
+    from gemshal.kernel import recording
+    from gemsops.native import recipe
+    from gemsops.ops import witness
+
+    from gemshal.kernel.launcher import stubbed
+    from gemsops import registry
+
+    offer = torch.ops.gemsops_native.offer
+    set_mode = torch.ops.gemsops_native.set_mode
+    pointwise = source_is_pointwise(overload)
+
+    inside = registry._INSIDE
+
+    def record(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        before = witness.COUNT[0]
+        inside.served = False
+        with recording() as rec:
+            out = kernel(keyset, *args, **kwargs)
+        blob: list[int] | None
+        if not inside.served:
+            blob = None  # handed back to torch (maybe while its kernel compiles): next time
+        elif not pointwise and witness.COUNT[0] == before:
+            blob = recipe.REFUSED  # the replay memo did not take it (``when`` said no)
+        elif float32_extra and any(t.dtype == torch.float32
+                                   for t in recipe.flat_inputs(schema, args, kwargs)):
+            blob = recipe.REFUSED  # its key reads the float32 matmul precision
+        else:
+            try:
+                blob = recipe.build(schema, args, kwargs, out, rec.launches, workspaces)
+            except (AttributeError, TypeError, ValueError, RuntimeError, struct_error):
+                blob = recipe.REFUSED
+        if blob is not None:
+            # Stubbed launches (the host bench, CPU tests) log instead of launching;
+            # entering or leaving them clears every recipe (the tuning generation).
+            set_mode(1 if stubbed() else 0)
+            offer(blob)
+        return out
+
+    record.__name__ = f"gemsops_native_record_{overload.replace('.', '_')}"
+    return record
+
+
+import struct as _struct  # noqa: E402
+
+struct_error = _struct.error
