@@ -258,6 +258,13 @@ def profile_generate(tokens: int) -> None:
     print(rec.summary())
 
 
+def _native_hits() -> int:
+    """Calls the native replay served so far (GEMS_NATIVE=1), over every overload."""
+    from gemsops import native
+
+    return sum(v["hits"] for v in native.stats().values()) if native.available() else 0
+
+
 def kernels(models: list[str], top: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
@@ -281,11 +288,13 @@ def kernels(models: list[str], top: int) -> None:
                     issue.append((time.perf_counter() - t) * 1e3)
                     torch.cuda.synchronize()
                 wall = _median_ms(model, inputs, opt, 5)
+                hits0 = _native_hits()
                 with profile(activities=[ProfilerActivity.CUDA]) as prof, \
                         gemsops.record() as rec:
                     for _ in range(3):
                         _step(model, inputs, opt)
                     torch.cuda.synchronize()
+                native_hits = _native_hits() - hits0
             rows = []
             total = 0.0
             for ev in prof.key_averages():
@@ -301,6 +310,7 @@ def kernels(models: list[str], top: int) -> None:
                               "device_ms": round(total / 3 / 1e3, 2),
                               "kernels_per_step": sum(r[1] for r in rows),
                               "served_per_step": sum(rec.served.values()) // 3,
+                              "native_per_step": native_hits // 3,
                               "handed_back_per_step": sum(rec.fallbacks.values()) // 3,
                               "direct_off": sum(1 for r in stats() if r["disabled"])}),
                   flush=True)

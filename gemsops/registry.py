@@ -603,8 +603,8 @@ def _serve_native(library: Any, overload: str, name: str, key: str, kernel: Any,
 
     schema = aten_overload(overload)._schema
     base = source(overload).split(" ")[0].split("[")[0]
-    workspaces, extra = replay.VOUCHED.get(base, (False, False))
-    record = native.recorder(overload, kernel, schema, workspaces, extra)
+    workspaces = replay.VOUCHED.get(base, (False, False))[0] or native.has_workspaces(overload)
+    record = native.recorder(overload, kernel, schema, workspaces)
     library.impl(name, kernel, "PrivateUse2", with_keyset=True)  # type: ignore[no-untyped-call]
     library.impl(name, record, "PrivateUse3", with_keyset=True)  # type: ignore[no-untyped-call]
     handles.append(native.serve(name, key, overload))

@@ -19,6 +19,7 @@ every fallback to torch. A recipe is what the Python path did for that structure
 from __future__ import annotations
 
 import os
+import struct
 import threading
 import warnings
 from collections.abc import Callable
@@ -100,6 +101,18 @@ def available() -> bool:
     return bool(_LOADED and _LOADED[0])
 
 
+STRUCTURAL: dict[str, bool] = {
+    "zero_.default": False,
+    "fill_.Scalar": False,
+    "embedding.default": True,
+}
+"""Overloads outside the pointwise modules and the replay memo whose host code decides
+from structure alone (value: only for tensors off the CPU, whose indices it does not
+read), eligible with no memo's word."""
+
+_STRUCTURAL_WORKSPACES: frozenset[str] = frozenset()
+
+
 def eligible(overload: str, source: str) -> bool:
     """Whether ``overload`` (implemented by ``source``, ``module.function``) may be
     replayed natively: a pointwise op, or one the replay memo takes, and not an
@@ -109,6 +122,8 @@ def eligible(overload: str, source: str) -> bool:
     name, _, over = overload.partition(".")
     if over == "out" or over.endswith("_out"):
         return False
+    if overload in STRUCTURAL:
+        return True
     base = source.split(" ")[0].split("[")[0]
     if base in replay.VOUCHED:
         return True
@@ -159,9 +174,10 @@ def stats() -> dict[str, dict[str, int]]:
 
 
 def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
-             workspaces: bool, float32_extra: bool) -> Callable[..., Any]:
+             workspaces: bool) -> Callable[..., Any]:
     """The Python kernel of a native kernel's keyed miss: ``kernel`` under a recording,
-    then the recipe offered (or a refusal for good)."""
+    then the recipe offered (or a refusal for good). The C++ key holds the global state
+    the replayable ops read through ``extra`` (the float32 matmul precision)."""
     from gemshal.kernel import recording
     from gemsops.native import recipe
     from gemsops.ops import witness
@@ -171,7 +187,8 @@ def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
 
     offer = torch.ops.gemsops_native.offer
     set_mode = torch.ops.gemsops_native.set_mode
-    pointwise = source_is_pointwise(overload)
+    pointwise = source_is_pointwise(overload) or overload in STRUCTURAL
+    on_device_only = STRUCTURAL.get(overload, False)
 
     inside = registry._INSIDE
 
@@ -183,15 +200,15 @@ def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
         blob: list[int] | None
         if not inside.served:
             blob = None  # handed back to torch (maybe while its kernel compiles): next time
+        elif on_device_only and any(t.device.type == "cpu"
+                                    for t in recipe.flat_inputs(schema, args, kwargs)):
+            blob = recipe.REFUSED  # its host code checks CPU indices by value
         elif not pointwise and witness.COUNT[0] == before:
             blob = recipe.REFUSED  # the replay memo did not take it (``when`` said no)
-        elif float32_extra and any(t.dtype == torch.float32
-                                   for t in recipe.flat_inputs(schema, args, kwargs)):
-            blob = recipe.REFUSED  # its key reads the float32 matmul precision
         else:
             try:
                 blob = recipe.build(schema, args, kwargs, out, rec.launches, workspaces)
-            except (AttributeError, TypeError, ValueError, RuntimeError, struct_error):
+            except (AttributeError, TypeError, ValueError, RuntimeError, struct.error):
                 blob = recipe.REFUSED
         if blob is not None:
             # Stubbed launches (the host bench, CPU tests) log instead of launching;
@@ -204,6 +221,7 @@ def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
     return record
 
 
-import struct as _struct  # noqa: E402
 
-struct_error = _struct.error
+def has_workspaces(overload: str) -> bool:
+    """Whether a structural overload vouches for the workspaces its launches take."""
+    return overload in _STRUCTURAL_WORKSPACES

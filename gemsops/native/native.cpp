@@ -12,6 +12,7 @@
 // CUDA driver (cuLaunchKernel) and torch's current stream are looked up with dlsym on
 // first use, so one build serves CPU-only machines (where launches are logged, for tests)
 // and GPUs.
+#include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty_strided.h>
@@ -276,7 +277,10 @@ class NativeOp final : public c10::OperatorKernel {
     thread_local std::vector<at::Tensor> inputs;
     key.clear();
     inputs.clear();
-    key.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
+    // Global state the Python path reads: the default dtype, and the float32 matmul
+    // precision (mm's kernels for float32 inputs depend on it).
+    key.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())) |
+                  (static_cast<int64_t>(at::globalContext().float32MatmulPrecision()) << 8));
     bool keyed = true;
     for (size_t i = stack->size() - n; i < stack->size(); ++i) {
       if (!key_value((*stack)[i], key, inputs)) {
