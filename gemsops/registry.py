@@ -581,11 +581,11 @@ def _register(overloads: frozenset[str]) -> _Active:
 
 
 def _native_on() -> bool:
-    """Whether this registration serves eligible overloads natively (GEMS_NATIVE=1 and
-    the library loads)."""
+    """Whether this registration serves eligible overloads natively (GEMS_NATIVE, see
+    :func:`gemsops.native.wanted`, and the library loads)."""
     from gemsops import native
 
-    return native.wanted() and native.load()
+    return native.wanted(gemshal.current_vendor()) and native.load()
 
 
 def _native_eligible(overload: str) -> bool:

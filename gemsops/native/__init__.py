@@ -41,7 +41,9 @@ __all__ = [
 ]
 
 ENV = "GEMS_NATIVE"
-_VALUES = {"0": False, "1": True, "": False}
+_VALUES = ("auto", "0", "1")
+NATIVE_VENDORS = frozenset({"nvidia"})
+"""Vendors whose kernels the library launches through the CUDA driver."""
 
 _LOCK = threading.Lock()
 _LOADED: list[bool] = []  # [True] loaded, [False] failed (see _WHY)
@@ -49,16 +51,30 @@ _WHY: list[str] = []
 _HANDLES: dict[int, str] = {}  # handle -> overload, while registered
 
 
-def wanted() -> bool:
-    """Whether ``GEMS_NATIVE`` asks for the native replay.
+def setting() -> str:
+    """``GEMS_NATIVE``: ``auto`` (unset), ``1`` or ``0``.
 
     Raises:
-        ValueError: a value other than ``0``, ``1`` or unset.
+        ValueError: any other value, naming the valid ones.
     """
-    value = os.environ.get(ENV, "").strip()
+    value = os.environ.get(ENV, "").strip() or "auto"
     if value not in _VALUES:
-        raise ValueError(f"{ENV}={value!r}: expected 1 (native replay on) or 0 / unset (off)")
-    return _VALUES[value]
+        raise ValueError(f"{ENV}={value!r}: expected auto or unset (on for NVIDIA GPUs), "
+                         "1 (on) or 0 (off)")
+    return value
+
+
+def wanted(vendor: Any = None) -> bool:
+    """Whether the native replay serves this process: ``GEMS_NATIVE=1``, or unset /
+    ``auto`` on a vendor the library launches for (NVIDIA, compiled kernels)."""
+    value = setting()
+    if value != "auto":
+        return value == "1"
+    if vendor is None:
+        import gemshal
+
+        vendor = gemshal.current_vendor()
+    return vendor.name in NATIVE_VENDORS and not getattr(vendor, "is_cpu", False)
 
 
 def load() -> bool:
