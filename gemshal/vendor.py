@@ -245,6 +245,10 @@ def _rules_tuple(value: Iterable[ArchFeatures]) -> tuple[ArchFeatures, ...]:
     return rules
 
 
+NATIVE_LAUNCHES = ("cuda-driver",)
+"""The native launch paths a vendor may name (``VendorInfo.native_launch``)."""
+
+
 @attrs.frozen(eq=False)
 class VendorInfo:
     """One accelerator vendor: how torch, Triton and torch.distributed name it.
@@ -276,6 +280,10 @@ class VendorInfo:
         arch_features: Which of its architectures have which hardware features
             (:class:`ArchFeatures` rules); a device's ``features`` are the union of the
             rules that apply to its architecture.
+        native_launch: How a native (C++) caller launches this vendor's compiled
+            Triton kernels: ``"cuda-driver"`` (``cuLaunchKernel`` on torch's current
+            CUDA stream) or None (only through Triton's Python launcher). gemsops'
+            native replay serves vendors that name one.
 
     Raises:
         ConfigError: ``launch_options`` names a keyword gemshal cannot pass to Triton
@@ -310,6 +318,9 @@ class VendorInfo:
         default=(), converter=_str_tuple, validator=[_check_strs, _check_launch_options]
     )
     arch_features: tuple[ArchFeatures, ...] = attrs.field(default=(), converter=_rules_tuple)
+    native_launch: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(NATIVE_LAUNCHES))
+    )
 
     def features_of(self, arch: Arch) -> frozenset[str]:
         """The hardware features this vendor declares for ``arch``."""

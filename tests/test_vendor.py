@@ -38,6 +38,7 @@ WRONG_VENDOR = [
     ("launch_options", ("nope",), "nope"),
     ("arch_features", ArchFeatures(("tensor_descriptors",)), "write (rule,)"),
     ("arch_features", ("x",), "ArchFeatures"),
+    ("native_launch", "hip", "cuda-driver"),
 ]
 
 

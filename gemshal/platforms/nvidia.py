@@ -10,6 +10,7 @@ from gemshal.vendor import ArchFeatures, Capabilities, VendorInfo
 
 VENDOR = VendorInfo(
     name="nvidia",
+    native_launch="cuda-driver",
     display_name="NVIDIA",
     device_type="cuda",
     dispatch_key="CUDA",

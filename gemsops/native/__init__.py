@@ -42,8 +42,6 @@ __all__ = [
 
 ENV = "GEMS_NATIVE"
 _VALUES = ("auto", "0", "1")
-NATIVE_VENDORS = frozenset({"nvidia"})
-"""Vendors whose kernels the library launches through the CUDA driver."""
 
 _LOCK = threading.Lock()
 _LOADED: list[bool] = []  # [True] loaded, [False] failed (see _WHY)
@@ -59,14 +57,16 @@ def setting() -> str:
     """
     value = os.environ.get(ENV, "").strip() or "auto"
     if value not in _VALUES:
-        raise ValueError(f"{ENV}={value!r}: expected auto or unset (on for NVIDIA GPUs), "
-                         "1 (on) or 0 (off)")
+        raise ValueError(f"{ENV}={value!r}: expected auto or unset (on where the vendor "
+                         "names a native launch), 1 (on) or 0 (off)")
     return value
 
 
 def wanted(vendor: Any = None) -> bool:
     """Whether the native replay serves this process: ``GEMS_NATIVE=1``, or unset /
-    ``auto`` on a vendor the library launches for (NVIDIA, compiled kernels)."""
+    ``auto`` on a vendor whose record names a native launch
+    (``VendorInfo.native_launch``; the library knows the CUDA driver's), with compiled
+    kernels."""
     value = setting()
     if value != "auto":
         return value == "1"
@@ -74,7 +74,7 @@ def wanted(vendor: Any = None) -> bool:
         import gemshal
 
         vendor = gemshal.current_vendor()
-    return vendor.name in NATIVE_VENDORS and not getattr(vendor, "is_cpu", False)
+    return vendor.native_launch is not None and not vendor.is_cpu
 
 
 def load() -> bool:
@@ -89,16 +89,16 @@ def load() -> bool:
 
         try:
             path = build.build()
-            torch.ops.load_library(str(path))
+            torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
             ops = torch.ops.gemsops_native
             for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
                           torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
                           torch.bool, torch.complex64, torch.complex128):
                 recipe.DTYPE_CODES[dtype] = int(ops.dtype_code(dtype))
             for name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
-                dtype = getattr(torch, name, None)
-                if isinstance(dtype, torch.dtype):
-                    recipe.DTYPE_CODES[dtype] = int(ops.dtype_code(dtype))
+                extra = getattr(torch, name, None)
+                if isinstance(extra, torch.dtype):
+                    recipe.DTYPE_CODES[extra] = int(ops.dtype_code(extra))
         except (build.BuildError, OSError, RuntimeError) as error:
             _WHY.append(str(error))
             _LOADED.append(False)
@@ -135,7 +135,7 @@ def eligible(overload: str, source: str) -> bool:
     ``out=`` overload (a replay would not resize ``out``)."""
     from gemsops.ops import replay
 
-    name, _, over = overload.partition(".")
+    _name, _, over = overload.partition(".")
     if over == "out" or over.endswith("_out"):
         return False
     if overload in STRUCTURAL:
@@ -162,10 +162,29 @@ def serve(name: str, key: str, overload: str) -> int:
     return handle
 
 
+_RELEASED_HITS: dict[str, int] = {}
+"""Hits of native kernels already deregistered, per overload (for :func:`hit_counts`)."""
+
+
 def release(handle: int) -> None:
     """Deregister one native kernel (its recipes go with it)."""
-    _HANDLES.pop(handle, None)
+    overload = _HANDLES.pop(handle, None)
+    if overload is not None:
+        values = list(torch.ops.gemsops_native.stats(handle))
+        if values:
+            _RELEASED_HITS[overload] = _RELEASED_HITS.get(overload, 0) + int(values[0])
     torch.ops.gemsops_native.release(handle)
+
+
+def hit_counts() -> dict[str, int]:
+    """Calls served natively so far in this process, per overload (registered or not)."""
+    out = dict(_RELEASED_HITS)
+    if available():
+        for handle, overload in list(_HANDLES.items()):
+            values = list(torch.ops.gemsops_native.stats(handle))
+            if values:
+                out[overload] = out.get(overload, 0) + int(values[0])
+    return out
 
 
 def clear() -> None:
@@ -195,14 +214,14 @@ def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
     then the recipe offered (or a refusal for good). The C++ key holds the global state
     the replayable ops read through ``extra`` (the float32 matmul precision)."""
     from gemshal.kernel import recording
+    from gemshal.kernel.launcher import stubbed
+    from gemsops import registry
     from gemsops.native import recipe
     from gemsops.ops import witness
 
-    from gemshal.kernel.launcher import stubbed
-    from gemsops import registry
-
     offer = torch.ops.gemsops_native.offer
     set_mode = torch.ops.gemsops_native.set_mode
+    forced = setting() == "1"
     pointwise = source_is_pointwise(overload) or overload in STRUCTURAL
     on_device_only = STRUCTURAL.get(overload, False)
 
@@ -214,8 +233,10 @@ def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
         with recording() as rec:
             out = kernel(keyset, *args, **kwargs)
         blob: list[int] | None
-        if not inside.served:
-            blob = None  # handed back to torch (maybe while its kernel compiles): next time
+        if not inside.served or (not forced and stubbed()):
+            # Handed back to torch (maybe while its kernel compiles): next time. Stubbed
+            # launches (the host bench) keep to the Python path unless GEMS_NATIVE=1.
+            blob = None
         elif on_device_only and any(t.device.type == "cpu"
                                     for t in recipe.flat_inputs(schema, args, kwargs)):
             blob = recipe.REFUSED  # its host code checks CPU indices by value

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BuildError", "cache_dir", "library_path", "build"]
+__all__ = ["BuildError", "build", "cache_dir", "library_path"]
 
 SOURCE = Path(__file__).with_name("native.cpp")
 

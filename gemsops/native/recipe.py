@@ -127,7 +127,7 @@ def _results(schema: Any, result: Any, inputs: Sequence[Tensor],
         elif type(value) is int:
             words += [_R_INT, value]
         elif type(value) is float:
-            words += [_R_DOUBLE, struct.unpack("<q", struct.pack("<d", value))[0]]
+            words += [_R_DOUBLE, _f64_bits(value)]
         else:
             return None
     return words
@@ -138,7 +138,7 @@ def _signature(compiled: Any, launcher: Any) -> list[tuple[str, str]] | None:
     src = getattr(compiled, "src", None)
     signature = getattr(src, "signature", None)
     if isinstance(signature, dict):
-        names = list(getattr(src.fn, "arg_names", signature))
+        names = list(getattr(getattr(src, "fn", None), "arg_names", signature))
         if any(isinstance(signature.get(n), tuple) for n in names):
             return None  # a tuple argument
         return [(n, str(signature.get(n, "constexpr"))) for n in names]
@@ -158,17 +158,27 @@ def _param(kind: str, value: Any) -> int | None:
         if isinstance(value, int):
             return value & ((1 << 64) - 1) if value >= 0 else value
         if isinstance(value, float):
-            return struct.unpack("<I", struct.pack("<f", value))[0]
+            return _f32_bits(value)
         return None
     bits = _INT_BITS.get(kind)
     if bits is not None and isinstance(value, int | bool):
         v = int(value) & ((1 << bits) - 1)
         return v - (1 << 64) if v >= 1 << 63 else v
     if kind in ("fp32", "f32") and isinstance(value, int | float):
-        return struct.unpack("<I", struct.pack("<f", float(value)))[0]
+        return _f32_bits(float(value))
     if kind == "fp64" and isinstance(value, int | float):
-        return struct.unpack("<q", struct.pack("<d", float(value)))[0]
+        return _f64_bits(float(value))
     return None
+
+
+def _f32_bits(value: float) -> int:
+    bits: int = struct.unpack("<I", struct.pack("<f", value))[0]
+    return bits
+
+
+def _f64_bits(value: float) -> int:
+    bits: int = struct.unpack("<q", struct.pack("<d", value))[0]
+    return bits
 
 
 def _launch(kernel: Any, grid: Any, args: tuple[Any, ...], kwargs: Any,

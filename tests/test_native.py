@@ -1,0 +1,180 @@
+"""gemsops' native replay (gemsops.native) on the CPU: the library is built with the
+host compiler, launches are stubbed and the C++ kernel logs what it would launch
+(GEMS_NATIVE=1 forces it on where the vendor names no native launch).
+
+A replayed call never enters Python, so each test shows the replay through the log:
+the pointers a replay passes are the new call's own tensors and the output it returns,
+the constants are the new call's numbers, and a call of another structure is not
+replayed.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import gemsops
+from gemshal import tune
+from gemshal.kernel import stub_launches
+from gemsops import native
+
+
+@pytest.fixture
+def native_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv("GEMS_NATIVE", "1")
+    assert native.load(), native._WHY
+    with stub_launches(), gemsops.use_gems():
+        ops = torch.ops.gemsops_native
+        ops.take_log()
+        yield ops
+    torch.ops.gemsops_native.take_log()
+
+
+def _launches(log: list[int]) -> list[list[int]]:
+    """The log as one list per launch: [function, gx, gy, gz, threads, shared, *params]."""
+    out, i = [], 0
+    while i < len(log):
+        n = log[i + 6]
+        out.append([*log[i : i + 6], *log[i + 7 : i + 7 + n]])
+        i += 7 + n
+    return out
+
+
+def _until_native(fn: Any, overload: str, tries: int = 6) -> None:
+    """Call ``fn`` until the native kernel of ``overload`` has replayed it once."""
+    for _ in range(tries):
+        fn()
+        if native.stats()[overload]["hits"]:
+            return
+    raise AssertionError(f"{overload} never replayed natively: {native.stats()[overload]}")
+
+
+def test_the_setting_names_its_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GEMS_NATIVE takes auto (unset), 1 or 0; anything else is an error naming them.
+    auto is off for a vendor that names no native launch (the CPU interpreter here)."""
+    import gemshal
+
+    monkeypatch.setenv("GEMS_NATIVE", "yes")
+    with pytest.raises(ValueError, match=r"GEMS_NATIVE='yes'.*auto.*1 \(on\).*0 \(off\)"):
+        native.wanted()
+    monkeypatch.delenv("GEMS_NATIVE")
+    assert native.wanted(gemshal.current_vendor()) is False
+    monkeypatch.setenv("GEMS_NATIVE", "1")
+    assert native.wanted(gemshal.current_vendor()) is True
+    monkeypatch.setenv("GEMS_NATIVE", "0")
+    assert native.wanted(gemshal.current_vendor()) is False
+
+
+def test_a_seen_structure_replays_with_the_new_calls_tensors(native_on: Any) -> None:
+    """Once add has been recorded for a structure, a call with new tensors of that
+    structure is replayed: one launch whose pointers are the new inputs and the output
+    it returns, and an output of torch's shape, strides and dtype."""
+    x, y = torch.randn(64, 32), torch.randn(64, 32)
+    _until_native(lambda: x + y, "add.Tensor")
+    a, b = torch.randn(64, 32), torch.randn(64, 32)
+    native_on.take_log()
+    hits = native.stats()["add.Tensor"]["hits"]
+    out = a + b
+    assert native.stats()["add.Tensor"]["hits"] == hits + 1
+    (launch,) = _launches(list(native_on.take_log()))
+    params = launch[6:]
+    assert {a.data_ptr(), b.data_ptr(), out.data_ptr()} <= set(params)
+    assert out.data_ptr() not in (a.data_ptr(), b.data_ptr())
+    assert (out.shape, out.stride(), out.dtype) == ((64, 32), (32, 1), torch.float32)
+
+
+def test_another_structure_is_recorded_not_replayed(native_on: Any) -> None:
+    """A call whose tensors differ in strides from every recorded one is a miss (the
+    Python path runs it), not a replay of another structure's recipe."""
+    x, y = torch.randn(64, 32), torch.randn(64, 32)
+    _until_native(lambda: x + y, "add.Tensor")
+    before = native.stats()["add.Tensor"]
+    native_on.take_log()
+    xt = torch.randn(32, 64).t()
+    out = xt + y
+    after = native.stats()["add.Tensor"]
+    assert after["hits"] == before["hits"]
+    assert after["misses"] == before["misses"] + 1
+    assert list(native_on.take_log()) == []
+    assert out.shape == (64, 32)
+
+
+def test_numbers_are_keyed_by_value(native_on: Any) -> None:
+    """x * 2.0 and x * 3.0 are two structures: each replay passes its own number (as the
+    float32 the kernel reads), never the other's."""
+    x = torch.randn(256)
+    for value in (2.0, 3.0):
+        _until_native(lambda v=value: x * v, "mul.Tensor")
+    bits = {v: struct.unpack("<I", struct.pack("<f", v))[0] for v in (2.0, 3.0)}
+    for value in (2.0, 3.0):
+        native_on.take_log()
+        hits = native.stats()["mul.Tensor"]["hits"]
+        x * value
+        assert native.stats()["mul.Tensor"]["hits"] == hits + 1
+        (launch,) = _launches(list(native_on.take_log()))
+        assert bits[value] in launch[6:]
+        assert bits[5.0 - value] not in launch[6:]
+
+
+def test_an_in_place_replay_returns_self(native_on: Any) -> None:
+    """add_ replayed natively writes through self's pointer and hands self back."""
+    y = torch.randn(128)
+    x = torch.randn(128)
+    _until_native(lambda: x.add_(y), "add_.Tensor")
+    z = torch.randn(128)
+    native_on.take_log()
+    got = z.add_(y)
+    assert got is z
+    (launch,) = _launches(list(native_on.take_log()))
+    assert z.data_ptr() in launch[6:] and y.data_ptr() in launch[6:]
+
+
+def test_record_counts_calls_served_natively(native_on: Any) -> None:
+    """gemsops.record() counts a natively replayed call as served, like a Python one."""
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    _until_native(lambda: x + y, "add.Tensor")
+    with gemsops.record() as rec:
+        for _ in range(3):
+            x + y
+    assert rec.served["add.Tensor"] == 3
+
+
+def test_a_tuning_change_drops_every_recipe(native_on: Any) -> None:
+    """The launches a recipe holds come from the tuning of their time: a change of the
+    tuning generation (tune.clear_cache) sends the next call back to Python."""
+    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    _until_native(lambda: x + y, "add.Tensor")
+    before = native.stats()["add.Tensor"]
+    tune.clear_cache()
+    x + y
+    after = native.stats()["add.Tensor"]
+    assert after["misses"] == before["misses"] + 1
+    assert after["hits"] == before["hits"]
+
+
+def test_out_overloads_and_unvouched_ops_stay_in_python() -> None:
+    """A replay would not resize an out= tensor, and an op outside the pointwise
+    modules that no memo vouches for may decide on values: neither is eligible."""
+    from gemsops import registry
+
+    assert native.eligible("add.Tensor", registry.source("add.Tensor"))
+    assert not native.eligible("add.out", registry.source("add.out"))
+    assert native.eligible("mm.default", registry.source("mm.default"))
+    assert not native.eligible("nll_loss_forward.default",
+                               registry.source("nll_loss_forward.default"))
+
+
+def test_torch_serves_after_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside the block the native kernel replays add; once it closes, no native kernel
+    is registered and torch's own add answers (launches no longer stubbed)."""
+    monkeypatch.setenv("GEMS_NATIVE", "1")
+    with stub_launches(), gemsops.use_gems():
+        x, y = torch.randn(8), torch.randn(8)
+        _until_native(lambda: x + y, "add.Tensor")
+        assert native.stats()["add.Tensor"]["hits"] >= 1
+    assert native.stats() == {}
+    assert torch.equal(x + y, torch.add(x.double(), y.double()).float())
