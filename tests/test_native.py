@@ -21,6 +21,7 @@ import gemsops
 from gemshal import tune
 from gemshal.kernel import stub_launches
 from gemsops import native
+from gemsops.testing.strategies import target_device
 
 
 @pytest.fixture
@@ -32,6 +33,10 @@ def native_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         ops.take_log()
         yield ops
     torch.ops.gemsops_native.take_log()
+
+
+def _t(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).to(target_device())
 
 
 def _launches(log: list[int]) -> list[list[int]]:
@@ -55,27 +60,31 @@ def _until_native(fn: Any, overload: str, tries: int = 6) -> None:
 
 def test_the_setting_names_its_values(monkeypatch: pytest.MonkeyPatch) -> None:
     """GEMS_NATIVE takes auto (unset), 1 or 0; anything else is an error naming them.
-    auto is off for a vendor that names no native launch (the CPU interpreter here)."""
-    import gemshal
+    auto is on for a vendor record naming a native launch (NVIDIA's), off for one that
+    names none (AMD's) and for the CPU interpreter; 1 and 0 decide for every vendor."""
+    from gemshal.platforms import amd, cpu, nvidia
 
     monkeypatch.setenv("GEMS_NATIVE", "yes")
     with pytest.raises(ValueError, match=r"GEMS_NATIVE='yes'.*auto.*1 \(on\).*0 \(off\)"):
         native.wanted()
     monkeypatch.delenv("GEMS_NATIVE")
-    assert native.wanted(gemshal.current_vendor()) is False
-    monkeypatch.setenv("GEMS_NATIVE", "1")
-    assert native.wanted(gemshal.current_vendor()) is True
-    monkeypatch.setenv("GEMS_NATIVE", "0")
-    assert native.wanted(gemshal.current_vendor()) is False
+    assert native.wanted(nvidia.VENDOR) is True
+    assert native.wanted(amd.VENDOR) is False
+    assert native.wanted(cpu.VENDOR) is False
+    for vendor in (nvidia.VENDOR, amd.VENDOR, cpu.VENDOR):
+        monkeypatch.setenv("GEMS_NATIVE", "1")
+        assert native.wanted(vendor) is True
+        monkeypatch.setenv("GEMS_NATIVE", "0")
+        assert native.wanted(vendor) is False
 
 
 def test_a_seen_structure_replays_with_the_new_calls_tensors(native_on: Any) -> None:
     """Once add has been recorded for a structure, a call with new tensors of that
     structure is replayed: one launch whose pointers are the new inputs and the output
     it returns, and an output of torch's shape, strides and dtype."""
-    x, y = torch.randn(64, 32), torch.randn(64, 32)
+    x, y = _t(64, 32), _t(64, 32)
     _until_native(lambda: x + y, "add.Tensor")
-    a, b = torch.randn(64, 32), torch.randn(64, 32)
+    a, b = _t(64, 32), _t(64, 32)
     native_on.take_log()
     hits = native.stats()["add.Tensor"]["hits"]
     out = a + b
@@ -90,11 +99,11 @@ def test_a_seen_structure_replays_with_the_new_calls_tensors(native_on: Any) -> 
 def test_another_structure_is_recorded_not_replayed(native_on: Any) -> None:
     """A call whose tensors differ in strides from every recorded one is a miss (the
     Python path runs it), not a replay of another structure's recipe."""
-    x, y = torch.randn(64, 32), torch.randn(64, 32)
+    x, y = _t(64, 32), _t(64, 32)
     _until_native(lambda: x + y, "add.Tensor")
     before = native.stats()["add.Tensor"]
     native_on.take_log()
-    xt = torch.randn(32, 64).t()
+    xt = _t(32, 64).t()
     out = xt + y
     after = native.stats()["add.Tensor"]
     assert after["hits"] == before["hits"]
@@ -106,7 +115,7 @@ def test_another_structure_is_recorded_not_replayed(native_on: Any) -> None:
 def test_numbers_are_keyed_by_value(native_on: Any) -> None:
     """x * 2.0 and x * 3.0 are two structures: each replay passes its own number (as the
     float32 the kernel reads), never the other's."""
-    x = torch.randn(256)
+    x = _t(256)
     for value in (2.0, 3.0):
         _until_native(lambda v=value: x * v, "mul.Tensor")
     bits = {v: struct.unpack("<I", struct.pack("<f", v))[0] for v in (2.0, 3.0)}
@@ -122,10 +131,10 @@ def test_numbers_are_keyed_by_value(native_on: Any) -> None:
 
 def test_an_in_place_replay_returns_self(native_on: Any) -> None:
     """add_ replayed natively writes through self's pointer and hands self back."""
-    y = torch.randn(128)
-    x = torch.randn(128)
+    y = _t(128)
+    x = _t(128)
     _until_native(lambda: x.add_(y), "add_.Tensor")
-    z = torch.randn(128)
+    z = _t(128)
     native_on.take_log()
     got = z.add_(y)
     assert got is z
@@ -135,7 +144,7 @@ def test_an_in_place_replay_returns_self(native_on: Any) -> None:
 
 def test_record_counts_calls_served_natively(native_on: Any) -> None:
     """gemsops.record() counts a natively replayed call as served, like a Python one."""
-    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    x, y = _t(16, 8), _t(16, 8)
     _until_native(lambda: x + y, "add.Tensor")
     with gemsops.record() as rec:
         for _ in range(3):
@@ -146,7 +155,7 @@ def test_record_counts_calls_served_natively(native_on: Any) -> None:
 def test_a_tuning_change_drops_every_recipe(native_on: Any) -> None:
     """The launches a recipe holds come from the tuning of their time: a change of the
     tuning generation (tune.clear_cache) sends the next call back to Python."""
-    x, y = torch.randn(16, 8), torch.randn(16, 8)
+    x, y = _t(16, 8), _t(16, 8)
     _until_native(lambda: x + y, "add.Tensor")
     before = native.stats()["add.Tensor"]
     tune.clear_cache()
@@ -173,7 +182,7 @@ def test_torch_serves_after_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
     is registered and torch's own add answers (launches no longer stubbed)."""
     monkeypatch.setenv("GEMS_NATIVE", "1")
     with stub_launches(), gemsops.use_gems():
-        x, y = torch.randn(8), torch.randn(8)
+        x, y = _t(8), _t(8)
         _until_native(lambda: x + y, "add.Tensor")
         assert native.stats()["add.Tensor"]["hits"] >= 1
     assert native.stats() == {}
