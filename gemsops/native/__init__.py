@@ -167,13 +167,15 @@ _RELEASED_HITS: dict[str, int] = {}
 
 
 def release(handle: int) -> None:
-    """Deregister one native kernel (its recipes go with it)."""
+    """Deregister one native kernel (its recipes go with it). While other threads run,
+    the kernel object is kept (a call another thread looked up just before its
+    deregistration stays valid), as the registry keeps its Python kernels."""
     overload = _HANDLES.pop(handle, None)
     if overload is not None:
         values = list(torch.ops.gemsops_native.stats(handle))
         if values:
             _RELEASED_HITS[overload] = _RELEASED_HITS.get(overload, 0) + int(values[0])
-    torch.ops.gemsops_native.release(handle)
+    torch.ops.gemsops_native.release(handle, threading.active_count() > 1)
 
 
 def hit_counts() -> dict[str, int]:

@@ -336,6 +336,7 @@ class NativeOp final : public c10::OperatorKernel {
       table_.clear();
       epoch_ = g_epoch.load();
     }
+    if (retired_) return;
     if (table_.size() >= kTableLimit) table_.clear();
     table_[key] = std::move(recipe);
     counts_.offered++;
@@ -353,6 +354,12 @@ class NativeOp final : public c10::OperatorKernel {
   }
 
   const std::string& name() const { return name_; }
+
+  void retire() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    table_.clear();
+    retired_ = true;
+  }
 
  private:
   static void plain(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -474,6 +481,7 @@ class NativeOp final : public c10::OperatorKernel {
   std::mutex mutex_;
   int64_t epoch_ = 0;
   std::unordered_map<Key, std::shared_ptr<const Recipe>, VecHash> table_;
+  bool retired_ = false;
   Counts counts_;
 };
 
@@ -564,7 +572,10 @@ int64_t serve(const std::string& name, const std::string& key) {
   return handle;
 }
 
-void release(int64_t handle) {
+// Deregisters one native kernel. With keep_alive, the kernel object outlives its
+// registration (a call another thread looked up just before stays valid; its recipes are
+// dropped): what gemsops asks for while other threads run.
+void release(int64_t handle, bool keep_alive) {
   std::unique_ptr<torch::Library> lib;
   {
     std::lock_guard<std::mutex> lock(g_libs_mutex);
@@ -572,6 +583,14 @@ void release(int64_t handle) {
     if (it == g_libs.end()) return;
     lib = std::move(it->second);
     g_libs.erase(it);
+  }
+  if (keep_alive) {
+    std::lock_guard<std::mutex> lock(g_ops_mutex);
+    auto it = g_ops.find(handle);
+    if (it != g_ops.end()) {
+      it->second->retire();
+      c10::raw::intrusive_ptr::incref(it->second);
+    }
   }
   lib.reset();  // deregisters the kernel
 }
@@ -616,7 +635,7 @@ bool driver() {
 
 TORCH_LIBRARY(gemsops_native, m) {
   m.def("serve(str name, str key) -> int", &serve);
-  m.def("release(int handle) -> ()", &release);
+  m.def("release(int handle, bool keep_alive=False) -> ()", &release);
   m.def("pending() -> bool", &pending);
   m.def("offer(int[] blob) -> ()", [](std::vector<int64_t> blob) { offer(blob); });
   m.def("clear() -> ()", &clear);
