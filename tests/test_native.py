@@ -187,3 +187,68 @@ def test_torch_serves_after_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
         assert native.stats()["add.Tensor"]["hits"] >= 1
     assert native.stats() == {}
     assert torch.equal(x + y, torch.add(x.double(), y.double()).float())
+
+
+def _schema(overload: str) -> Any:
+    from gemsops import registry
+
+    return registry.aten_overload(overload)._schema
+
+
+def test_results_map_outputs_inputs_and_constants() -> None:
+    """A recipe's results: a new tensor owning its storage is an output, an input handed
+    back is that input (in-place), None for a Tensor return an undefined tensor."""
+    from gemsops.native import recipe
+
+    x, y = torch.randn(4), torch.randn(4)
+    new = torch.empty(4)
+    outs: list[torch.Tensor] = []
+    assert recipe._results(_schema("add.Tensor"), new, [x, y], outs) == [recipe._R_OUTPUT, 0]
+    assert outs == [new]
+    assert recipe._results(_schema("add_.Tensor"), x, [x, y], []) == [recipe._R_INPUT, 0]
+    got = recipe._results(_schema("_fused_rms_norm_backward.default"), (None, new), [x], [])
+    assert got == [recipe._R_UNDEFINED, 0, recipe._R_OUTPUT, 0]
+
+
+def test_results_refuse_views_and_shared_outputs() -> None:
+    """A result that is a view of an input, a window of a bigger buffer, or one tensor
+    returned twice cannot be allocated afresh by a replay: the key is refused."""
+    from gemsops.native import recipe
+
+    x = torch.randn(8)
+    schema = _schema("add.Tensor")
+    assert recipe._results(schema, x[2:6].clone()[1:], [x], []) is None  # offset window
+    assert recipe._results(schema, x.view(2, 4), [x], []) is None  # a view of an input
+    two = _schema("_fused_rms_norm.default")
+    t = torch.empty(3)
+    assert recipe._results(two, (t, t), [x], []) is None
+
+
+def test_a_launch_pointer_maps_to_its_source_with_an_offset() -> None:
+    """A pointer argument is the call's own tensor, an output, or a view of either at a
+    fixed byte offset; a tensor made for the call is a workspace only when the op
+    vouches for it, else the key is refused."""
+    from gemsops.native import recipe
+
+    x, out = torch.randn(16), torch.empty(16)
+    work: list[torch.Tensor] = []
+    assert recipe._pointer(x, [x], [out], work, False) == (recipe._INPUT, 0, 0)
+    assert recipe._pointer(out, [x], [out], work, False) == (recipe._OUTPUT, 0, 0)
+    assert recipe._pointer(x[4:], [x], [out], work, False) == (recipe._INPUT, 0, 16)
+    temp = torch.empty(16)
+    assert recipe._pointer(temp, [x], [out], work, False) is None
+    assert recipe._pointer(temp, [x], [out], work, True) == (recipe._WORK, 0, 0)
+    assert work == [temp]
+
+
+def test_constants_take_the_width_triton_compiled() -> None:
+    """An integer parameter is passed in its signature's width (two's complement), a
+    float32 one as its float32 bits; a type the replay cannot pass refuses."""
+    from gemsops.native import recipe
+
+    assert recipe._param("i32", -1) == (1 << 32) - 1
+    assert recipe._param("i64", -1) == -1
+    assert recipe._param("i1", True) == 1
+    assert recipe._param("fp32", 0.5) == struct.unpack("<I", struct.pack("<f", 0.5))[0]
+    assert recipe._param("fp16", 0.5) is None
+    assert recipe._param("*fp32", 3) is None
