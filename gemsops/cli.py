@@ -70,6 +70,36 @@ def _ops(args: argparse.Namespace) -> int:
     return 0
 
 
+def _native(args: argparse.Namespace) -> int:
+    import gemshal
+    from gemsops import native
+    from gemsops.native import build
+
+    vendor = gemshal.current_vendor()
+    try:
+        setting = native.setting()
+    except ValueError as exc:
+        print(f"gemsops: error: {exc}", file=sys.stderr)
+        return 2
+    on = native.wanted(vendor)
+    print(f"setting      {native.ENV}={setting}")
+    print(f"vendor       {vendor.name} (native launch: {vendor.native_launch or 'none'})")
+    print(f"serves       {'yes' if on else 'no: every call takes the Python path'}")
+    path = build.library_path()
+    if path is None:
+        print("library      no C++ compiler found (tried $CXX, c++, g++, clang++)")
+        return 1 if args.build else 0
+    if args.build and not path.exists():
+        try:
+            build.build()
+        except build.BuildError as exc:
+            print(f"gemsops: error: {exc}", file=sys.stderr)
+            return 1
+    state = "built" if path.exists() else "not built yet (built on first use, or with --build)"
+    print(f"library      {path} ({state})")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gemsops", description="Triton kernels for aten ops.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -86,6 +116,12 @@ def _parser() -> argparse.ArgumentParser:
         help="each overload with the implementation serving it (module.function [vendor])",
     )
     ops.set_defaults(run=_ops)
+    native = sub.add_parser(
+        "native", help="the native replay: its setting, whether its library is built, and where"
+    )
+    native.add_argument("--build", action="store_true",
+                        help="build the library now when it is not built (once per torch install)")
+    native.set_defaults(run=_native)
     from gemsops import bench, selftest, trace, tune_run
 
     bench.add_parser(sub)

@@ -252,3 +252,22 @@ def test_constants_take_the_width_triton_compiled() -> None:
     assert recipe._param("fp32", 0.5) == struct.unpack("<I", struct.pack("<f", 0.5))[0]
     assert recipe._param("fp16", 0.5) is None
     assert recipe._param("*fp32", 3) is None
+
+
+def test_the_command_reports_the_setting_and_the_library(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gemsops native --build`` names the setting, the vendor's native launch, whether
+    calls are served natively and the library's path (built); a bad setting is an error
+    naming the valid values, with exit status 2."""
+    from gemsops.cli import main
+    from gemsops.native import build
+
+    monkeypatch.setenv("GEMS_NATIVE", "0")
+    assert main(["native", "--build"]) == 0
+    out = capsys.readouterr().out
+    assert "GEMS_NATIVE=0" in out
+    assert "serves       no" in out
+    assert f"{build.library_path()} (built)" in out
+    monkeypatch.setenv("GEMS_NATIVE", "sometimes")
+    assert main(["native"]) == 2
+    assert "expected auto or unset" in capsys.readouterr().err
