@@ -21,7 +21,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import torch
@@ -33,6 +33,9 @@ from gemshal.kernel.compile import KernelCompiling
 from gemsops import declare
 from gemsops.errors import GemsopsError, UnknownOpError, Unsupported
 from gemsops.promotion import FLOAT_TO_COMPLEX, combine, promote
+
+if TYPE_CHECKING:
+    from gemsops.native import Plan
 
 __all__ = [
     "CallRecord",
@@ -192,16 +195,14 @@ def record() -> Iterator[CallRecord]:
     _RECORDS.append(rec)
     from gemsops import native
 
-    start = native.hit_counts() if native.available() else None
+    start = native.hit_counts()
     try:
         yield rec
     finally:
-        if start is not None or native.available():
-            # Calls the native replay served (gemsops.native) never reach Python.
-            for overload, hits in native.hit_counts().items():
-                done = hits - (start or {}).get(overload, 0)
-                if done > 0:
-                    rec.served[overload] += done
+        # Calls the native replay served (gemsops.native) never reach Python.
+        for overload, hits in native.hit_counts().items():
+            if hits > start.get(overload, 0):
+                rec.served[overload] += hits - start.get(overload, 0)
         # By identity: records compare by value, and nested blocks may hold equal ones.
         for i, open_rec in enumerate(_RECORDS):
             if open_rec is rec:
@@ -579,8 +580,9 @@ def _register(overloads: frozenset[str]) -> _Active:
             kernel, alone = served_kernel(overload, impls[overload], key)
             if alone:
                 skipped[overload] = f"torch has no {key} kernel; gemsops is the only one"
-            if native_on and key == backend and _native_eligible(overload):
-                _serve_native(library, overload, name, key, kernel, handles)
+            how = _native_plan(overload) if native_on and key == backend else None
+            if how is not None:
+                _serve_native(library, overload, name, key, kernel, how, handles)
             else:
                 library.impl(name, kernel, key, with_keyset=True)  # type: ignore[no-untyped-call]
             served.add(overload)
@@ -597,23 +599,19 @@ def _native_on() -> bool:
     return native.wanted(gemshal.current_vendor()) and native.load()
 
 
-def _native_eligible(overload: str) -> bool:
+def _native_plan(overload: str) -> Plan | None:
     from gemsops import native
 
-    return native.eligible(overload, source(overload))
+    return native.plan(overload, source(overload))
 
 
-def _serve_native(library: Any, overload: str, name: str, key: str, kernel: Any,
+def _serve_native(library: Any, overload: str, name: str, key: str, kernel: Any, how: Plan,
                   handles: list[int]) -> None:
     """The native kernel at ``key``; the Python kernel one level down, at PrivateUse3
     (keyed misses, recorded) and PrivateUse2 (calls the native kernel cannot key)."""
     from gemsops import native
-    from gemsops.ops import replay
 
-    schema = aten_overload(overload)._schema
-    base = source(overload).split(" ")[0].split("[")[0]
-    workspaces = replay.VOUCHED.get(base, (False, False))[0] or native.has_workspaces(overload)
-    record = native.recorder(overload, kernel, schema, workspaces)
+    record = native.recorder(overload, kernel, aten_overload(overload)._schema, how)
     library.impl(name, kernel, "PrivateUse2", with_keyset=True)
     library.impl(name, record, "PrivateUse3", with_keyset=True)
     handles.append(native.serve(name, key, overload))

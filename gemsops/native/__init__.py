@@ -23,7 +23,7 @@ import struct
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -126,33 +126,41 @@ STRUCTURAL: dict[str, bool] = {
 from structure alone (value: only for tensors off the CPU, whose indices it does not
 read), eligible with no memo's word."""
 
-_STRUCTURAL_WORKSPACES: frozenset[str] = frozenset()
+
+class Plan(NamedTuple):
+    """How the native kernel of one eligible overload records its misses."""
+
+    workspaces: bool
+    """The op vouches that its launches write every tensor it made for the call."""
+    witnessed: bool
+    """A recipe needs the replay memo's word (its ``when`` excludes some calls)."""
+    device_only: bool
+    """Calls with a CPU tensor are refused (the host code reads CPU indices)."""
+
+
+def plan(overload: str, source: str) -> Plan | None:
+    """How ``overload`` (implemented by ``source``, ``module.function``) is replayed
+    natively, or None when it is not: eligible are the pointwise ops, the ops the replay
+    memo takes and :data:`STRUCTURAL`, never an ``out=`` overload (a replay would not
+    resize ``out``)."""
+    from gemsops.ops import replay
+
+    over = overload.partition(".")[2]
+    if over == "out" or over.endswith("_out"):
+        return None
+    if overload in STRUCTURAL:
+        return Plan(False, False, STRUCTURAL[overload])
+    base = source.split(" ")[0]
+    if base in replay.VOUCHED:
+        return Plan(replay.VOUCHED[base], True, False)
+    if base.startswith("gemsops.ops.pointwise."):
+        return Plan(False, False, False)
+    return None
 
 
 def eligible(overload: str, source: str) -> bool:
-    """Whether ``overload`` (implemented by ``source``, ``module.function``) may be
-    replayed natively: a pointwise op, or one the replay memo takes, and not an
-    ``out=`` overload (a replay would not resize ``out``)."""
-    from gemsops.ops import replay
-
-    _name, _, over = overload.partition(".")
-    if over == "out" or over.endswith("_out"):
-        return False
-    if overload in STRUCTURAL:
-        return True
-    base = source.split(" ")[0].split("[")[0]
-    if base in replay.VOUCHED:
-        return True
-    return base.startswith("gemsops.ops.pointwise.")
-
-
-def source_is_pointwise(overload: str) -> bool:
-    """Whether ``overload`` is one of the pointwise ops (its implementation lives in
-    ``gemsops.ops.pointwise``): their host code makes the launch from the operands'
-    structure and the numbers alone, so a recipe needs no memo's word."""
-    from gemsops import registry
-
-    return registry.source(overload).startswith("gemsops.ops.pointwise.")
+    """Whether ``overload`` may be replayed natively (:func:`plan`)."""
+    return plan(overload, source) is not None
 
 
 def serve(name: str, key: str, overload: str) -> int:
@@ -211,7 +219,7 @@ def stats() -> dict[str, dict[str, int]]:
 
 
 def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
-             workspaces: bool) -> Callable[..., Any]:
+             how: Plan) -> Callable[..., Any]:
     """The Python kernel of a native kernel's keyed miss: ``kernel`` under a recording,
     then the recipe offered (or a refusal for good). The C++ key holds the global state
     the replayable ops read through ``extra`` (the float32 matmul precision)."""
@@ -224,8 +232,7 @@ def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
     offer = torch.ops.gemsops_native.offer
     set_mode = torch.ops.gemsops_native.set_mode
     forced = setting() == "1"
-    pointwise = source_is_pointwise(overload) or overload in STRUCTURAL
-    on_device_only = STRUCTURAL.get(overload, False)
+    workspaces, witnessed, device_only = how
 
     inside = registry._INSIDE
 
@@ -239,10 +246,10 @@ def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
             # Handed back to torch (maybe while its kernel compiles): next time. Stubbed
             # launches (the host bench) keep to the Python path unless GEMS_NATIVE=1.
             blob = None
-        elif on_device_only and any(t.device.type == "cpu"
+        elif device_only and any(t.device.type == "cpu"
                                     for t in recipe.flat_inputs(schema, args, kwargs)):
             blob = recipe.REFUSED  # its host code checks CPU indices by value
-        elif not pointwise and witness.COUNT[0] == before:
+        elif witnessed and witness.COUNT[0] == before:
             blob = recipe.REFUSED  # the replay memo did not take it (``when`` said no)
         else:
             try:
@@ -258,9 +265,3 @@ def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
 
     record.__name__ = f"gemsops_native_record_{overload.replace('.', '_')}"
     return record
-
-
-
-def has_workspaces(overload: str) -> bool:
-    """Whether a structural overload vouches for the workspaces its launches take."""
-    return overload in _STRUCTURAL_WORKSPACES

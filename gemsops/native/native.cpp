@@ -595,9 +595,6 @@ void release(int64_t handle, bool keep_alive) {
   lib.reset();  // deregisters the kernel
 }
 
-// Whether this thread is serving a keyed miss of a native kernel (so an offer lands).
-bool pending() { return !t_pending.empty() && t_depth == 1; }
-
 void offer(const std::vector<int64_t>& blob) {
   if (t_pending.empty()) return;
   Pending& p = t_pending.back();
@@ -636,7 +633,6 @@ bool driver() {
 TORCH_LIBRARY(gemsops_native, m) {
   m.def("serve(str name, str key) -> int", &serve);
   m.def("release(int handle, bool keep_alive=False) -> ()", &release);
-  m.def("pending() -> bool", &pending);
   m.def("offer(int[] blob) -> ()", [](std::vector<int64_t> blob) { offer(blob); });
   m.def("clear() -> ()", &clear);
   m.def("set_mode(int mode) -> ()", &set_mode);

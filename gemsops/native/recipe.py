@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from gemshal.kernel.launcher import stubbed
-from gemsops.ops.pointwise.iterator import _extent
+from gemsops.ops.replay import _owns_storage
 
 __all__ = ["REFUSED", "build", "flat_inputs"]
 
@@ -60,10 +60,6 @@ def flat_inputs(schema: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> lis
         elif isinstance(value, list | tuple):
             out.extend(v for v in value if isinstance(v, Tensor))
     return out
-
-
-def _owns_storage(t: Tensor) -> bool:
-    return not t.storage_offset() and t.untyped_storage().nbytes() == _extent(t)
 
 
 def _alloc(t: Tensor) -> list[int] | None:

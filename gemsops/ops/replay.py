@@ -45,9 +45,9 @@ _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.la
 _MEMO: dict[tuple[Any, ...], _Recipe] = {}
 _SLOTS = 8192
 
-VOUCHED: dict[str, tuple[bool, bool]] = {}
-"""Per replayable implementation (``module.qualname``): (it vouches for its workspaces,
-its key reads global state through ``extra``). gemsops' native replay reads it."""
+VOUCHED: dict[str, bool] = {}
+"""Per replayable implementation (``module.qualname``): whether it vouches for its
+workspaces. gemsops' native replay reads it."""
 
 
 def clear() -> None:
@@ -257,7 +257,7 @@ def replayable(*, when: Callable[..., bool] | None = None,
 
     def wrap(fn: F) -> F:
         name = f"{fn.__module__}.{fn.__qualname__}"
-        VOUCHED[name] = (workspaces, extra is not None)
+        VOUCHED[name] = workspaces
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:
