@@ -284,7 +284,15 @@ def native_layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Te
     return _forward(input, ns, weight, bias, eps, False, stat_dtype)
 
 
+def _rows_as_given(grad_out: Tensor, input: Tensor, _ns: Any, *rest: Any, **_kw: Any) -> bool:
+    # The backward copies a non-contiguous dy, x, statistic or parameter with a torch
+    # call into a buffer its launch reads: a replay would skip the copy. Replayed only
+    # when every tensor is contiguous (its launch then takes them as they are).
+    return all(t.is_contiguous() for t in (grad_out, input, *rest) if isinstance(t, Tensor))
+
+
 @op("native_layer_norm_backward.default")
+@replayable(when=_rows_as_given, workspaces=True)
 def native_layer_norm_backward(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int],
                                mean: Tensor, rstd: Tensor, weight: Tensor | None,
                                bias: Tensor | None, output_mask: Sequence[bool]
@@ -323,6 +331,7 @@ def fused_rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tenso
 
 
 @op("_fused_rms_norm_backward.default")
+@replayable(when=_rows_as_given, workspaces=True)
 def fused_rms_norm_backward(grad_out: Tensor, input: Tensor, normalized_shape: Sequence[int],
                             rstd: Tensor, weight: Tensor | None, output_mask: Sequence[bool]
                             ) -> tuple[Tensor | None, Tensor | None]:
