@@ -56,6 +56,19 @@ def ln_bwd(seed):
     return y, x.grad, w.grad, b.grad
 
 
+def ce_labels(seed):
+    t = torch.randint(0, 1000, (64,), generator=gen(seed)).to(dev)
+    t[::7] = -100  # ignored rows
+    return t
+
+
+def ce_bwd(seed):
+    x = r(64, 1000, dtype=bf, seed=seed, grad=True)
+    loss = F.cross_entropy(x, ce_labels(seed))
+    loss.backward()
+    return loss, x.grad
+
+
 def inplace(seed):
     x = r(256, 512, seed=seed)
     x.add_(r(256, 512, seed=seed + 1), alpha=2)
@@ -81,6 +94,12 @@ CASES = {
     "cat": lambda s: torch.cat([r(4, 64, dtype=bf, seed=s), r(4, 32, dtype=bf, seed=s + 1)], 1),
     "to bf16": lambda s: r(256, 256, seed=s).to(bf),
     "clone transposed": lambda s: r(128, 64, dtype=bf, seed=s).t().clone(),
+    "cross_entropy": lambda s: F.cross_entropy(r(64, 1000, dtype=bf, seed=s), ce_labels(s)),
+    "cross_entropy sum, smoothed": lambda s: F.cross_entropy(
+        r(32, 512, seed=s), ce_labels(s)[:32] % 512, reduction="sum", label_smoothing=0.1),
+    "cross_entropy none": lambda s: F.cross_entropy(r(48, 1000, dtype=bf, seed=s),
+                                                    ce_labels(s)[:48], reduction="none"),
+    "cross_entropy fwd+bwd": ce_bwd,
     "rms_norm fwd+bwd": norm_bwd,
     "layer_norm fwd+bwd": ln_bwd,
     "sdpa fwd+bwd": attention,

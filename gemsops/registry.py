@@ -580,7 +580,9 @@ def _register(overloads: frozenset[str]) -> _Active:
             kernel, alone = served_kernel(overload, impls[overload], key)
             if alone:
                 skipped[overload] = f"torch has no {key} kernel; gemsops is the only one"
-            how = _native_plan(overload) if native_on and key == backend else None
+            # At the autograd key the native kernel keys only the calls autograd does not
+            # record (nothing requires grad, or grad mode is off); the rest run in Python.
+            how = _native_plan(overload) if native_on else None
             if how is not None:
                 _serve_native(library, overload, name, key, kernel, how, handles)
             else:
@@ -596,7 +598,28 @@ def _native_on() -> bool:
     :func:`gemsops.native.wanted`, and the library loads)."""
     from gemsops import native
 
-    return native.wanted(gemshal.current_vendor()) and native.load()
+    if not native.wanted(gemshal.current_vendor()):
+        return False
+    # Unless forced on (GEMS_NATIVE=1), a library not built yet is built in the
+    # background: this registration is Python's, and the native kernels swap in when
+    # the build is done (_swap_native).
+    return native.load(background=native.setting() != "1", on_ready=_swap_native)
+
+
+def _swap_native() -> None:
+    """Register the native kernels in place of the Python ones, once a background build
+    loaded the library (on the build's thread). The new registration overrides the old
+    one before the old is destroyed, so no call falls to torch in between."""
+    global _ACTIVE
+    with _LOCK:
+        old = _ACTIVE
+        if old is None or old.native:
+            return
+        new = attrs.evolve(_register(_select(*old.key)), key=old.key)
+        _retire(old)
+        old.library._destroy()
+        _ACTIVE = new
+        _forget_dispatch_caches()
 
 
 def _native_plan(overload: str) -> Plan | None:

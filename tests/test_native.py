@@ -165,6 +165,51 @@ def test_a_tuning_change_drops_every_recipe(native_on: Any) -> None:
     assert after["hits"] == before["hits"]
 
 
+def test_the_autograd_key_leaves_recorded_calls_to_python(native_on: Any) -> None:
+    """cross_entropy is served at the autograd key: a call autograd must record (grad
+    mode on, logits requiring grad) goes to the Python kernel, which builds the graph;
+    the C++ kernel keys only calls with nothing to record, and refuses those with CPU
+    targets (their range is checked by value)."""
+    from torch.nn import functional as F
+
+    name = "cross_entropy_loss.default"
+    x = _t(8, 16).requires_grad_()
+    t = torch.randint(0, 16, (8,))
+    before = native.stats()[name]
+    loss = F.cross_entropy(x, t)
+    assert loss.grad_fn is not None
+    after = native.stats()[name]
+    assert after["unkeyed"] == before["unkeyed"] + 1
+    assert after["misses"] == before["misses"]
+    with torch.no_grad():
+        for _ in range(2):
+            assert F.cross_entropy(x, t).grad_fn is None
+    last = native.stats()[name]
+    assert last["misses"] == after["misses"] + 1
+    assert last["refused"] == after["refused"] + 1
+    assert last["hits"] == 0
+
+
+def test_cross_entropy_replays_only_calls_of_structure_alone() -> None:
+    """The replay memo takes a cross_entropy call only where its host code decides from
+    structure: no graph to build, [C] or [N, C] logits, device targets, a contiguous
+    weight."""
+    from gemsops.ops.loss.cross_entropy import _forward_only
+
+    x = torch.empty(4, 10, device="meta")
+    t = torch.empty(4, dtype=torch.int64, device="meta")
+    assert _forward_only(x, t)
+    assert _forward_only(x[0], t[0])
+    assert not _forward_only(x, torch.zeros(4, dtype=torch.int64))
+    assert not _forward_only(torch.empty(4, 10, 3, device="meta"), t.view(4))
+    assert not _forward_only(x, t, torch.empty(20, device="meta")[::2])
+    assert _forward_only(x, t, torch.empty(10, device="meta"), 1, -100, 0.1)
+    grad = x.clone().requires_grad_()
+    assert not _forward_only(grad, t)
+    with torch.no_grad():
+        assert _forward_only(grad, t)
+
+
 def test_out_overloads_and_unvouched_ops_stay_in_python() -> None:
     """A replay would not resize an out= tensor, and an op outside the pointwise
     modules that no memo vouches for may decide on values: neither is eligible."""
@@ -271,3 +316,41 @@ def test_the_command_reports_the_setting_and_the_library(
     monkeypatch.setenv("GEMS_NATIVE", "sometimes")
     assert main(["native"]) == 2
     assert "expected auto or unset" in capsys.readouterr().err
+
+
+def test_a_background_build_swaps_the_native_kernels_in(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Where the library is not built yet (a fresh install) and the replay is not forced
+    on, registering does not wait for the compiler: the Python path serves, and once
+    the build is done the native kernels take over inside the same open block."""
+    import threading
+
+    from gemsops.native import build
+
+    built = build.build(quiet=True)
+    gate = threading.Event()
+    missing = tmp_path / built.name
+
+    def slow_build(*, quiet: bool = False) -> Any:
+        assert gate.wait(30)
+        return built
+
+    monkeypatch.setattr(build, "library_path", lambda: missing)
+    monkeypatch.setattr(build, "build", slow_build)
+    monkeypatch.setattr(native, "_LOADED", [])
+    monkeypatch.setattr(native, "_BUILDER", [])
+    monkeypatch.setattr(native, "wanted", lambda vendor=None: True)
+    monkeypatch.delenv("GEMS_NATIVE", raising=False)
+    x, y = _t(16, 8), _t(16, 8)
+    with stub_launches(), gemsops.use_gems():
+        with gemsops.record() as rec:
+            x + y
+        assert rec.served["add.Tensor"] == 1
+        assert native.building()
+        assert "add.Tensor" not in native.stats()
+        monkeypatch.setenv("GEMS_NATIVE", "1")  # stubbed launches replay only when forced
+        gate.set()
+        native._BUILDER[0].join(30)
+        assert not native.building()
+        _until_native(lambda: x + y, "add.Tensor")
+    assert native.stats() == {}

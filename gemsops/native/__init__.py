@@ -30,6 +30,7 @@ import torch
 __all__ = [
     "ENV",
     "available",
+    "building",
     "clear",
     "eligible",
     "load",
@@ -77,9 +78,59 @@ def wanted(vendor: Any = None) -> bool:
     return vendor.native_launch is not None and not vendor.is_cpu
 
 
-def load() -> bool:
+_BUILDER: list[threading.Thread] = []  # the background build, once started
+_ON_READY: list[Callable[[], None]] = []
+
+
+def load(*, background: bool = False, on_ready: Callable[[], None] | None = None) -> bool:
     """Build (first use) and load the library; False, with a warning naming the reason,
-    when it cannot be: the Python path then serves every call."""
+    when it cannot be: the Python path then serves every call.
+
+    With ``background``, a library not built yet is built on a thread (the compiler is a
+    subprocess: 8-10 s once per torch install, beside the first step's Triton compiles)
+    and this returns False at once; ``on_ready`` runs on that thread once the library is
+    loaded (gemsops' registration then swaps its native kernels in). A progress line says
+    so where :mod:`gemshal.kernel`'s progress lines are shown (``GEMS_PROGRESS``)."""
+    if _LOADED:
+        return _LOADED[0]
+    if background:
+        from gemsops.native import build
+
+        path = build.library_path()
+        if path is not None and not path.exists():
+            with _LOCK:
+                if on_ready is not None and on_ready not in _ON_READY:
+                    _ON_READY.append(on_ready)
+                if not _BUILDER:
+                    thread = threading.Thread(target=_build_behind, name="gemsops-native-build",
+                                              daemon=True)
+                    _BUILDER.append(thread)
+                    thread.start()
+            return False
+    return _load(quiet=False)
+
+
+def building() -> bool:
+    """Whether a background build (``load(background=True)``) is still running."""
+    return bool(_BUILDER) and _BUILDER[0].is_alive()
+
+
+def _build_behind() -> None:
+    from gemshal.kernel.decorator import _progress_on
+
+    try:
+        quiet = not _progress_on()
+    except ValueError:
+        quiet = True
+    if _load(quiet=quiet):
+        with _LOCK:
+            ready = list(_ON_READY)
+            _ON_READY.clear()
+        for callback in ready:
+            callback()
+
+
+def _load(*, quiet: bool) -> bool:
     if _LOADED:
         return _LOADED[0]
     with _LOCK:
@@ -88,7 +139,7 @@ def load() -> bool:
         from gemsops.native import build, recipe
 
         try:
-            path = build.build()
+            path = build.build(quiet=quiet)
             torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
             ops = torch.ops.gemsops_native
             for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64,

@@ -14,6 +14,7 @@
 // and GPUs.
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DefaultDtype.h>
@@ -255,7 +256,11 @@ int64_t g_next_handle = 1;
 
 class NativeOp final : public c10::OperatorKernel {
  public:
-  NativeOp(int64_t handle, std::string name) : handle_(handle), name_(std::move(name)) {
+  // grad: registered at an autograd key, where a call that autograd must record (grad
+  // mode on and a tensor argument requiring grad) goes to the Python kernel, which builds
+  // the graph; only the calls autograd leaves alone are keyed and replayed.
+  NativeOp(int64_t handle, std::string name, bool grad)
+      : handle_(handle), name_(std::move(name)), grad_(grad) {
     std::lock_guard<std::mutex> lock(g_ops_mutex);
     g_ops[handle_] = this;
   }
@@ -273,6 +278,11 @@ class NativeOp final : public c10::OperatorKernel {
       return;
     }
     const size_t n = op.schema().arguments().size();
+    if (grad_ && at::GradMode::is_enabled() && needs_grad(*stack, n)) {
+      counts_.unkeyed++;
+      plain(op, stack);
+      return;
+    }
     thread_local Key key;
     thread_local std::vector<at::Tensor> inputs;
     key.clear();
@@ -362,6 +372,20 @@ class NativeOp final : public c10::OperatorKernel {
   }
 
  private:
+  static bool needs_grad(const torch::jit::Stack& stack, size_t n) {
+    for (size_t i = stack.size() - n; i < stack.size(); ++i) {
+      const c10::IValue& v = stack[i];
+      if (v.isTensor()) {
+        if (v.toTensor().requires_grad()) return true;
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) {
+          if (t.defined() && t.requires_grad()) return true;
+        }
+      }
+    }
+    return false;
+  }
+
   static void plain(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     t_depth++;
     try {
@@ -478,6 +502,7 @@ class NativeOp final : public c10::OperatorKernel {
 
   int64_t handle_;
   std::string name_;
+  bool grad_;
   std::mutex mutex_;
   int64_t epoch_ = 0;
   std::unordered_map<Key, std::shared_ptr<const Recipe>, VecHash> table_;
@@ -566,7 +591,9 @@ int64_t serve(const std::string& name, const std::string& key) {
     handle = g_next_handle++;
   }
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", k, __FILE__, __LINE__);
-  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<NativeOp>(handle, name)));
+  const bool grad = c10::isIncludedInAlias(k, c10::DispatchKey::Autograd);
+  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                              std::make_unique<NativeOp>(handle, name, grad)));
   std::lock_guard<std::mutex> lock(g_libs_mutex);
   g_libs[handle] = std::move(lib);
   return handle;

@@ -37,6 +37,7 @@ from gemsops.ops.loss.inputs import (
     rows_of,
 )
 from gemsops.ops.loss.reduction import reduce_rows, reduction_code
+from gemsops.ops.replay import replayable
 
 __all__ = ["cross_entropy"]
 
@@ -315,7 +316,21 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     return out.view(_loss_shape(input.shape)) if red == 0 else out
 
 
+def _forward_only(self: Tensor, target: Tensor, weight: Tensor | None = None,
+                  *_rest: Any, **_kw: Any) -> bool:
+    # The calls whose host code is structure alone, replayed (and so native at the
+    # autograd key): no autograd graph to build, rows that are views of the logits
+    # ([C] or [N, C]), device targets (CPU ones are range-checked by value) and a
+    # contiguous weight (another would be copied by a torch call a replay skips).
+    if torch.is_grad_enabled() and self.requires_grad:
+        return False
+    if target.requires_grad or target.is_cpu or self.dim() > 2:
+        return False
+    return weight is None or (weight.is_contiguous() and not weight.requires_grad)
+
+
 @op("cross_entropy_loss.default", autograd=True, public=False)
+@replayable(when=_forward_only, workspaces=True)
 def _cross_entropy_loss(self: Tensor, target: Tensor, weight: Tensor | None = None,
                         reduction: int = 1, ignore_index: int = -100,
                         label_smoothing: float = 0.0) -> Tensor:
