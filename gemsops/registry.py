@@ -608,17 +608,17 @@ def _native_on() -> bool:
 
 def _swap_native() -> None:
     """Register the native kernels in place of the Python ones, once a background build
-    loaded the library (on the build's thread). The new registration overrides the old
-    one before the old is destroyed, so no call falls to torch in between."""
+    loaded the library (on the build's thread). torch takes one Python kernel per op and
+    key, so the old registration goes first: a call made in between runs torch's kernel
+    (the same answer)."""
     global _ACTIVE
     with _LOCK:
         old = _ACTIVE
         if old is None or old.native:
             return
-        new = attrs.evolve(_register(_select(*old.key)), key=old.key)
-        _retire(old)
-        old.library._destroy()
-        _ACTIVE = new
+        key = old.key
+        _apply(None)
+        _ACTIVE = attrs.evolve(_register(_select(*key)), key=key)
         _forget_dispatch_caches()
 
 

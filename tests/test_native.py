@@ -168,13 +168,13 @@ def test_a_tuning_change_drops_every_recipe(native_on: Any) -> None:
 def test_the_autograd_key_leaves_recorded_calls_to_python(native_on: Any) -> None:
     """cross_entropy is served at the autograd key: a call autograd must record (grad
     mode on, logits requiring grad) goes to the Python kernel, which builds the graph;
-    the C++ kernel keys only calls with nothing to record, and refuses those with CPU
-    targets (their range is checked by value)."""
+    the C++ kernel keys only calls with nothing to record: it replays them, or refuses
+    them where the targets are on the CPU (their range is checked by value)."""
     from torch.nn import functional as F
 
     name = "cross_entropy_loss.default"
     x = _t(8, 16).requires_grad_()
-    t = torch.randint(0, 16, (8,))
+    t = torch.randint(0, 16, (8,)).to(x.device)
     before = native.stats()[name]
     loss = F.cross_entropy(x, t)
     assert loss.grad_fn is not None
@@ -186,8 +186,25 @@ def test_the_autograd_key_leaves_recorded_calls_to_python(native_on: Any) -> Non
             assert F.cross_entropy(x, t).grad_fn is None
     last = native.stats()[name]
     assert last["misses"] == after["misses"] + 1
-    assert last["refused"] == after["refused"] + 1
-    assert last["hits"] == 0
+    if t.is_cpu:
+        assert (last["refused"], last["hits"]) == (after["refused"] + 1, after["hits"])
+    else:
+        assert (last["refused"], last["hits"]) == (after["refused"], after["hits"] + 1)
+
+
+def test_a_norm_backward_replays_per_output_mask(native_on: Any) -> None:
+    """rms_norm's backward takes a list of booleans (which gradients to make): it is
+    keyed by value, so a replay of one mask never answers a call with another (that
+    call is recorded anew, and gives None for the gradient it was not asked for)."""
+    name = "_fused_rms_norm_backward.default"
+    x, w, dy = _t(16, 64), _t(64), _t(16, 64)
+    rstd = torch.ops.aten._fused_rms_norm(x, [64], w, 1e-6)[1]
+    backward = torch.ops.aten._fused_rms_norm_backward
+    _until_native(lambda: backward(dy, x, [64], rstd, w, [True, True]), name)
+    before = native.stats()[name]
+    dx, dw = backward(dy, x, [64], rstd, w, [True, False])
+    assert dx is not None and dw is None
+    assert native.stats()[name]["misses"] == before["misses"] + 1
 
 
 def test_cross_entropy_replays_only_calls_of_structure_alone() -> None:
@@ -341,6 +358,8 @@ def test_a_background_build_swaps_the_native_kernels_in(
     monkeypatch.setattr(native, "_BUILDER", [])
     monkeypatch.setattr(native, "wanted", lambda vendor=None: True)
     monkeypatch.delenv("GEMS_NATIVE", raising=False)
+    escaped: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
     x, y = _t(16, 8), _t(16, 8)
     with stub_launches(), gemsops.use_gems():
         with gemsops.record() as rec:
@@ -352,5 +371,6 @@ def test_a_background_build_swaps_the_native_kernels_in(
         gate.set()
         native._BUILDER[0].join(30)
         assert not native.building()
+        assert escaped == []  # the swap raised nothing on the build's thread
         _until_native(lambda: x + y, "add.Tensor")
     assert native.stats() == {}

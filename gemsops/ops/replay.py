@@ -3,9 +3,9 @@ runs that code once per structure, and replays the outputs and launches after.
 
 :func:`replayable` wraps an op's implementation. Each call's key is its arguments'
 structure: per tensor its dtype, shape, strides, device and 16-byte alignment; per
-number, string, dtype or device its type and value; a list of integers or of tensors
-element by element (a 0-dim CPU tensor, an ``out=`` tensor or any other argument: no
-key, the call runs as written).
+number, string, dtype or device its type and value; a list of integers, booleans or
+tensors element by element (a 0-dim CPU tensor, an ``out=`` tensor or any other
+argument: no key, the call runs as written).
 On the first call with a key the implementation runs under
 :func:`gemshal.kernel.recording`; when it made new output tensors and launched gemshal
 kernels whose tensor arguments are the call's own tensors, its outputs, or views of
@@ -78,6 +78,9 @@ def _key(name: str, args: tuple[Any, ...],
         elif type(value) in (list, tuple):
             if all(type(v) is int for v in value):
                 append(tuple(value))
+                inputs.append(value)
+            elif all(type(v) is bool for v in value):
+                append(("bools", *value))  # a norm backward's output_mask
                 inputs.append(value)
             elif all(isinstance(v, Tensor) for v in value):
                 append(("tensors", len(value)))
