@@ -69,6 +69,7 @@ def _ce_fwd_kernel(
     PROB: tl.constexpr,  # probability targets
     SMOOTH: tl.constexpr,  # class targets with label_smoothing > 0
     HAS_W: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+    STATS: tl.constexpr = True,  # store LSE and Mass (the backward reads them)
 ):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < N
@@ -118,8 +119,9 @@ def _ce_fwd_kernel(
         roww = w
     tl.store(Loss + rows, loss.to(Loss.dtype.element_ty), mask=row_ok)
     tl.store(RowW + rows, roww, mask=row_ok)
-    tl.store(LSE + rows, lse, mask=row_ok)
-    tl.store(Mass + rows, mass, mask=row_ok)
+    if STATS:
+        tl.store(LSE + rows, lse, mask=row_ok)
+        tl.store(Mass + rows, mass, mask=row_ok)
 
 
 @kernel("cross_entropy_backward", key=["C"])
@@ -166,11 +168,11 @@ def _ce_bwd_kernel(
 _CONSTS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
-def _consts(prob: bool, smooth: bool, has_w: bool, mean: bool | None, dtype: torch.dtype
-            ) -> dict[str, Any]:
-    """The constant keywords of the forward (``mean`` None) or backward launch (cached:
-    one dict per key, never changed)."""
-    key = (prob, smooth, has_w, mean, dtype)
+def _consts(prob: bool, smooth: bool, has_w: bool, mean: bool | None, dtype: torch.dtype,
+            stats: bool = True) -> dict[str, Any]:
+    """The constant keywords of the forward (``mean`` None; ``stats``: store the row
+    statistics) or backward launch (cached: one dict per key, never changed)."""
+    key = (prob, smooth, has_w, mean, dtype, stats)
     try:
         return _CONSTS[key]
     except KeyError:
@@ -178,6 +180,8 @@ def _consts(prob: bool, smooth: bool, has_w: bool, mean: bool | None, dtype: tor
     consts = {"PROB": prob, "SMOOTH": smooth, "HAS_W": has_w}
     if mean is not None:
         consts["MEAN"] = mean
+    else:
+        consts["STATS"] = stats
     consts["ACC"] = tl_acc(dtype)
     _CONSTS[key] = consts
     return consts
@@ -203,25 +207,31 @@ def _ce_prepare(input: Tensor, target: Tensor, weight: Tensor | None, ignore_ind
 
 
 def _ce_forward(x2: Tensor, t2: Tensor, w: Tensor | None, prob: bool, red: int,
-                ignore_index: int, eps: float, out_dtype: torch.dtype
+                ignore_index: int, eps: float, out_dtype: torch.dtype, stats: bool = True
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(loss [R] or 0-d, per-row logsumexp, per-row target mass, mean divisor)."""
+    """(loss [R] or 0-d, per-row logsumexp, per-row target mass, mean divisor).
+
+    Without ``stats`` (no backward will run) the row statistics are not stored and the
+    last three are placeholders: two allocations fewer on the host path."""
     R, C = x2.shape
     acc_tl, acc_t = tl_acc(x2.dtype), acc_dtype(x2.dtype)
     dev = x2.device
-    lse = torch.empty(R, dtype=acc_t, device=dev)
-    mass = torch.empty(R, dtype=acc_t, device=dev)
     roww = torch.empty(R, dtype=acc_t, device=dev)
     loss = torch.empty(R, dtype=out_dtype if red == 0 else acc_t, device=dev)
-    denom = torch.empty((), dtype=acc_t, device=dev)
+    if stats:
+        lse = torch.empty(R, dtype=acc_t, device=dev)
+        mass = torch.empty(R, dtype=acc_t, device=dev)
+    else:
+        lse = mass = roww  # passed, never stored
     st = t2.stride() if prob else (t2.stride(0) if R else 1, 0)
     if R:
         _ce_fwd_kernel.launch(
             lambda meta: (cdiv(R, meta["BLOCK_M"]),),
             (x2, t2, w if w is not None else x2, loss, roww, lse, mass, R, C, *x2.stride(),
              *st, ignore_index, float(eps)),
-            _consts(prob, (not prob) and eps > 0, w is not None, None, x2.dtype),
+            _consts(prob, (not prob) and eps > 0, w is not None, None, x2.dtype, stats),
         )
+    denom = torch.empty((), dtype=acc_t, device=dev) if stats or red else roww
     if red == 0:
         return loss, lse, mass, denom
     out = torch.empty((), dtype=out_dtype, device=dev)
@@ -312,7 +322,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
     args = (x2, t2, w, prob, red, int(ignore_index), float(label_smoothing))
     if torch.is_grad_enabled() and input.requires_grad:
         return _CrossEntropy.apply(input, *args)
-    out = _ce_forward(*args, input.dtype)[0]
+    out = _ce_forward(*args, input.dtype, stats=False)[0]
     return out.view(_loss_shape(input.shape)) if red == 0 else out
 
 
