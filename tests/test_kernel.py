@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -294,6 +294,39 @@ def test_tables_launch_the_rows_config_and_benchmark_nothing(
                     (64, "nearest")}
 
 
+class _FakeTemplate(FakeJit):
+    """A template kernel taking its element function as an argument (as OP)."""
+
+    arg_names: ClassVar[list[str]] = ["x", "n", "OP", "BLOCK"]
+
+
+def _gelu_body() -> None: ...
+
+
+def _add_body() -> None: ...
+
+
+def test_a_row_naming_the_element_function_serves_it_alone(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A template kernel keyed by its element function: the row naming that function's
+    name launches its config for it, and the row leaving the function out serves every
+    other function at the same bucket."""
+    (gpu_dir / "nvidia.toml").write_text(
+        "[ops.k]\nconfigs = [{ BLOCK = 64 }, { BLOCK = 128 }, { BLOCK = 256 }]\ntable = [\n"
+        '    { n = 1024, dtype = "float32", config = { BLOCK = 128 } },\n'
+        '    { n = 1024, OP = "_gelu_body", dtype = "float32", config = { BLOCK = 256 } },\n]\n'
+    )
+    monkeypatch.setattr(triton, "autotune", None)  # building an autotuner would fail
+    fake = _FakeTemplate()
+    k = declare("k", key=["n", "OP"])(fake)
+    for body in (_gelu_body, _add_body, _gelu_body):
+        k[(1,)](torch.empty(4), 1000, body)
+    assert [launch["BLOCK"] for launch in fake.launches] == [256, 128, 256]
+    hows = {(c["when"]["OP"], c["how"]) for c in k.choices()}
+    assert hows == {("_gelu_body", "table"), ("_add_body", "table")}
+
+
 def test_autotune_1_benchmarks_only_the_buckets_no_row_covers(
     gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,18 +364,19 @@ KEYS = st.sampled_from(["M", "N", "K"])
 def test_nearest_row_is_exact_when_one_matches_and_else_closest(
     mine: dict[str, int], rows_exp: list[dict[str, int]]
 ) -> None:
-    """Property: nearest_row returns an exact row (and says so) when one has the bucket;
-    otherwise the first row of smallest log-distance among rows naming only our keys, or
-    None when no row does."""
+    """Property: nearest_row returns an exact row (and says so) when one has the bucket
+    at every key it names, the one naming the most keys first (a row leaving a key out
+    covers every value of it); otherwise the first row of smallest log-distance among
+    rows naming only our keys, or None when no row does."""
     when = {k: 1 << e for k, e in mine.items()}
     rows = [TableRow({k: 1 << e for k, e in r.items()}, None, TuneConfig({"BLOCK": 1 << i}))
             for i, r in enumerate(rows_exp)]
     row, exact = plan.nearest_row(rows, when, "float32")
     usable = [(sum(abs(e - mine[k]) for k, e in r.items()), i) for i, r in enumerate(rows_exp)
               if set(r) <= set(mine)]
-    exact_rows = [i for d, i in usable if d == 0 and set(rows_exp[i]) == set(mine)]
+    exact_rows = sorted((-len(rows_exp[i]), i) for d, i in usable if d == 0)
     if exact_rows:
-        assert exact and row is rows[exact_rows[0]]
+        assert exact and row is rows[exact_rows[0][1]]
     elif not usable:
         assert row is None and not exact
     else:
@@ -353,6 +387,31 @@ def test_bucket_rounds_positive_ints_up_to_a_power_of_two() -> None:
     """bucket: 1 -> 1, 3 -> 4, 1024 -> 1024, 1025 -> 2048; 0, bools and others unchanged."""
     assert [plan.bucket(v) for v in (1, 3, 1024, 1025)] == [1, 4, 1024, 2048]
     assert plan.bucket(0) == 0 and plan.bucket(True) is True and plan.bucket("x") == "x"
+
+
+def test_a_function_key_value_is_its_name() -> None:
+    """bucket: a function (a JIT element function passed as a constexpr) stands for its
+    __name__, the string a table row names it by."""
+
+    def _gelu() -> None: ...
+
+    assert plan.bucket(_gelu) == "_gelu"
+
+
+def test_a_row_naming_a_flag_beats_the_row_that_leaves_it_out() -> None:
+    """Property: of two exact rows at one bucket, the one naming the element function
+    serves that function and the one leaving it out serves every other; the dtype-named
+    row beats the dtype-free one at equal keys."""
+    generic = TableRow({"SIZE_CLASS": 32}, "bfloat16", TuneConfig({"BLOCK": 1024}))
+    gelu = TableRow({"SIZE_CLASS": 32, "OP": "_gelu"}, "bfloat16", TuneConfig({"BLOCK": 2048}))
+    rows = [generic, gelu]
+    assert plan.nearest_row(rows, {"SIZE_CLASS": 32, "OP": "_gelu"}, "bfloat16") == (gelu, True)
+    assert plan.nearest_row(rows, {"SIZE_CLASS": 32, "OP": "add"}, "bfloat16") == (generic, True)
+    # another dtype: no exact row; the nearest is a same-flag row of any dtype
+    assert plan.nearest_row(rows, {"SIZE_CLASS": 32, "OP": "add"}, "float32") == (generic, False)
+    anydtype = TableRow({"SIZE_CLASS": 32}, None, TuneConfig({"BLOCK": 512}))
+    assert plan.nearest_row([anydtype, generic], {"SIZE_CLASS": 32}, "bfloat16") == (
+        generic, True)
 
 
 def test_python_rules_may_read_only_key_arguments(gpu_dir: Path) -> None:

@@ -63,9 +63,15 @@ def policy(env: Mapping[str, str] | None = None) -> str:
 
 def bucket(value: Any) -> Any:
     """A key value's size bucket: a positive integer (not a bool) rounded up to a power
-    of two; anything else stands for itself."""
+    of two; a function (a ``tl.constexpr`` JIT function, such as the element function
+    of a pointwise template) its ``__name__``, so a table row can name it as a string;
+    anything else stands for itself."""
     if type(value) is int and value > 0:
         return 1 << (value - 1).bit_length()
+    if callable(value):
+        name = getattr(value, "__name__", None)
+        if isinstance(name, str):
+            return name
     return value
 
 
@@ -89,23 +95,34 @@ def nearest_row(
 ) -> tuple[TableRow | None, bool]:
     """The table row for a bucket: ``(row, exact)``.
 
-    ``exact`` is True when the row's bucket and dtype are this call's. Otherwise the
-    nearest row on a log scale of the sizes, among rows of the same dtype (or of any
-    dtype when none has it), whose flags (non-integer key values) are the call's; the
-    earlier row wins a tie. ``(None, False)`` when no row qualifies.
+    A row covers the keys it names: one that leaves a key out stands for every value of
+    it (a pointwise row without ``OP`` serves every element function; one naming
+    ``OP = "_gelu"`` serves that one). ``exact`` is True when every key the row names has
+    this call's bucket and its dtype is this call's (or it names none); among exact rows
+    the one naming the most keys wins, then one naming the dtype, then the earlier.
+    Otherwise the nearest row on a log scale of the sizes, among rows of the same dtype
+    (or of any dtype when none has it), whose flags (non-integer key values) are the
+    call's; the earlier row wins a tie. ``(None, False)`` when no row qualifies.
     """
     best: TableRow | None = None
     best_rank: tuple[int, float] | None = None
+    found: TableRow | None = None
+    found_rank: tuple[int, int] | None = None
     for row in rows:
         distance = _distance(row, when)
         if distance is None:
             continue
         same_dtype = row.dtype is None or row.dtype == dtype
-        if distance == 0 and same_dtype and len(row.when) == len(when):
-            return row, True
+        if distance == 0 and same_dtype:
+            specific = (-len(row.when), 0 if row.dtype is not None else 1)
+            if found_rank is None or specific < found_rank:
+                found, found_rank = row, specific
+            continue
         rank = (0 if same_dtype else 1, distance)
         if best_rank is None or rank < best_rank:
             best, best_rank = row, rank
+    if found is not None:
+        return found, True
     return best, False
 
 

@@ -42,8 +42,9 @@ __all__ = ["arange"]
 _INT64_MAX = 2**63 - 1
 
 
-# One element per lane, memory bound like the pointwise kernels: their tuning entry.
-@kernel("pointwise", key=["SIZE_CLASS"])
+# One element per lane, memory bound like the pointwise kernels; its own tuning entry
+# (the pointwise entry's rows name the element function, which this kernel has not).
+@kernel("arange", key=["SIZE_CLASS"])
 @triton.jit(do_not_specialize=["SIZE_CLASS", "start", "step"])
 def _arange_kernel(
     Out,  # contiguous output

@@ -35,8 +35,9 @@ from gemsops.ops.pointwise.iterator import run
 __all__ = ["tril", "triu"]
 
 
-# One element per lane, memory bound like the pointwise kernels: their tuning entry.
-@kernel("pointwise", key=["SIZE_CLASS"], restore_value=["Out"])
+# One element per lane, memory bound like the pointwise kernels; its own tuning entry
+# (the pointwise entry's rows name the element function, which this kernel has not).
+@kernel("triangle", key=["SIZE_CLASS"], restore_value=["Out"])
 @triton.jit(do_not_specialize=["SIZE_CLASS", "K"])
 def _triangle_kernel(
     X, Out,  # input and output (the same tensor in place)

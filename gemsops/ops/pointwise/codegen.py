@@ -166,7 +166,7 @@ def _prune_small(configs: Sequence[Any], named: dict[str, Any], **_: Any) -> lis
 
 # restore_value: where a tuning file lists several configs, benchmarking runs the kernel
 # repeatedly, and an in-place op's output is also its input.
-@kernel("pointwise", key=["SIZE_CLASS"], restore_value=["out"],
+@kernel("pointwise", key=["SIZE_CLASS", "OP"], restore_value=["out"],
           prune=_prune_small)
 @triton.jit(do_not_specialize=["SIZE_CLASS"])
 def _flat_kernel(
@@ -244,7 +244,7 @@ def _tile_operand(x, ro, cols, s0, row_ok, col_ok, mask,
     return v
 
 
-@kernel("pointwise", key=["SIZE_CLASS"], restore_value=["out"],
+@kernel("pointwise", key=["SIZE_CLASS", "OP"], restore_value=["out"],
           prune=_prune_small)
 @triton.jit(do_not_specialize=["SIZE_CLASS"])
 def _tiled_kernel(
