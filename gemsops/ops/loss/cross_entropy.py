@@ -212,7 +212,7 @@ def _ce_forward(x2: Tensor, t2: Tensor, w: Tensor | None, prob: bool, red: int,
     """(loss [R] or 0-d, per-row logsumexp, per-row target mass, mean divisor).
 
     Without ``stats`` (no backward will run) the row statistics are not stored and the
-    last three are placeholders: two allocations fewer on the host path."""
+    last three are placeholders: three allocations fewer on the host path."""
     R, C = x2.shape
     acc_tl, acc_t = tl_acc(x2.dtype), acc_dtype(x2.dtype)
     dev = x2.device
@@ -231,7 +231,9 @@ def _ce_forward(x2: Tensor, t2: Tensor, w: Tensor | None, prob: bool, red: int,
              *st, ignore_index, float(eps)),
             _consts(prob, (not prob) and eps > 0, w is not None, None, x2.dtype, stats),
         )
-    denom = torch.empty((), dtype=acc_t, device=dev) if stats or red else roww
+    # Without statistics nothing reads the divisor: the reduction stores it over roww[0],
+    # after its one program has summed roww (a zero-row call still needs a real slot).
+    denom = roww if not stats and (R or not red) else torch.empty((), dtype=acc_t, device=dev)
     if red == 0:
         return loss, lse, mass, denom
     out = torch.empty((), dtype=out_dtype, device=dev)
