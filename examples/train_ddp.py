@@ -70,6 +70,9 @@ def _fully_shard() -> tuple[Callable[..., Any] | None, str]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=("ddp", "fsdp2"), default="ddp")
+    p.add_argument("--model", choices=("transformers", "plain"), default="transformers",
+                   help="transformers' LlamaForCausalLM, or the same shape in plain torch "
+                        "(no transformers needed; the CPU test's)")
     p.add_argument("--gems", action=argparse.BooleanOptionalAction, default=True,
                    help="serve aten ops with gemsops during the steps (default: on)")
     p.add_argument("--steps", type=int, default=20)
@@ -105,11 +108,90 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+class _Output:
+    """What the training loop reads from a forward: the loss (as transformers returns)."""
+
+    def __init__(self, loss: torch.Tensor) -> None:
+        self.loss = loss
+
+
+class _Block(torch.nn.Module):
+    """One Llama decoder layer in plain torch: RMSNorm, causal attention with rotary
+    positions (SDPA), RMSNorm, SwiGLU MLP, each with its residual."""
+
+    def __init__(self, width: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.attn_norm = torch.nn.RMSNorm(width, eps=1e-6)
+        self.qkv = torch.nn.Linear(width, 3 * width, bias=False)
+        self.proj = torch.nn.Linear(width, width, bias=False)
+        self.mlp_norm = torch.nn.RMSNorm(width, eps=1e-6)
+        self.gate_up = torch.nn.Linear(width, 2 * ffn, bias=False)
+        self.down = torch.nn.Linear(ffn, width, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, width = x.shape
+        qkv = self.qkv(self.attn_norm(x)).view(b, s, 3, self.heads, -1)
+        q, k, v = qkv.transpose(1, 3).unbind(2)  # each [b, heads, s, head dim]
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, width))
+        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
+        out: torch.Tensor = x + self.down(torch.nn.functional.silu(gate) * up)
+        return out
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + turned * sin
+
+
+class _Decoder(torch.nn.Module):
+    """The layers, as ``model.model.layers`` (where FSDP2 shards), and the final norm."""
+
+    def __init__(self, width: int, heads: int, ffn: int, layers: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Block(width, heads, ffn) for _ in range(layers))
+        self.norm = torch.nn.RMSNorm(width, eps=1e-6)
+
+
+class PlainLlama(torch.nn.Module):
+    """A Llama-shaped causal LM in plain torch (``--model plain``: no transformers), with
+    the interface the loop uses: ``model(input_ids=..., labels=...).loss``."""
+
+    def __init__(self, vocab: int, width: int, heads: int, ffn: int, layers: int) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.model = _Decoder(width, heads, ffn, layers)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.head_dim = width // heads
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> _Output:
+        s = input_ids.shape[1]
+        x = self.embed(input_ids)
+        inv = 1.0 / 10000 ** (torch.arange(0, self.head_dim, 2, device=x.device) / self.head_dim)
+        angles = torch.outer(torch.arange(s, device=x.device, dtype=inv.dtype), inv)
+        angles = torch.cat((angles, angles), dim=-1).to(x.dtype)
+        cos, sin = angles.cos(), angles.sin()
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        logits = self.head(self.model.norm(x))
+        # next-token loss, as LlamaForCausalLM computes it from labels
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1))
+        return _Output(loss)
+
+
 def build_model(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> Any:
     """The same randomly initialised Llama on every rank (built on the CPU, then moved)."""
+    ffn = -(-args.width * 8 // 3 // 32) * 32  # Llama's 8/3 ratio, rounded up to 32
+    if args.model == "plain":
+        torch.manual_seed(args.seed)
+        plain = PlainLlama(args.vocab, args.width, args.heads, ffn, args.layers)
+        return plain.to(device=device, dtype=dtype).train()
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    ffn = -(-args.width * 8 // 3 // 32) * 32  # Llama's 8/3 ratio, rounded up to 32
     cfg = LlamaConfig(
         vocab_size=args.vocab, hidden_size=args.width, intermediate_size=ffn,
         num_hidden_layers=args.layers, num_attention_heads=args.heads,
