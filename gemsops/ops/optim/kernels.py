@@ -1,0 +1,323 @@
+"""The multi-tensor Triton kernels: one elementwise ``_foreach_*`` kernel, fused Adam(W) and
+fused SGD.
+
+Every kernel takes one launch over a whole group of tensors. Its first argument is the
+group's int64 table (built by :mod:`gemsops.ops.optim.tables`)::
+
+    [0, T)            block starts: program p works on tensor t where starts[t] <= p
+    [T, 2T)           element counts
+    [(2+k)T, (3+k)T)  data pointers of list k (k = 0, 1, ...)
+
+A program finds its tensor by a binary search of the starts (``STEPS`` halvings, the
+bit length of T - 1), then casts the pointer it loads to the list's element type: the
+``W*`` arguments are one-element "witness" tensors of each list's dtype, whose pointer
+type ``.dtype`` is the target of the cast. Scalars come from ``S``, a small device
+vector of the compute dtype (uniform scalars first, then one per tensor), so float64
+groups get float64 scalars and no launch specializes on a scalar's value.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from gemshal.kernel import kernel
+from gemsops.ops.pointwise.codegen import to_half
+from gemsops.ops.pointwise.elementwise import div_true, maximum, minimum, sqrt
+
+__all__ = [
+    "ADD", "ADDCDIV", "ADDCMUL", "ADD_S", "COPY", "DIV", "DIV_S", "LERP", "LERP_S", "MAX",
+    "MAX_S", "MIN", "MIN_S", "MUL", "MUL_S", "NEG", "RECIP", "SQRT", "ZERO",
+    "adam_kernel", "foreach_kernel", "sgd_kernel",
+]
+
+# The elementwise formulas of foreach_kernel (a, b, c: the lists read; s: the scalar).
+ADD = 0  # a + s * b (s: alpha)
+ADD_S = 1  # a + s
+MUL = 2  # a * b
+MUL_S = 3  # a * s
+DIV = 4  # a / b
+DIV_S = 5  # a / s
+LERP = 6  # lerp(a, b, weight c)
+LERP_S = 7  # lerp(a, b, weight s)
+ADDCMUL = 8  # a + s * b * c
+ADDCDIV = 9  # a + s * (b / c)
+SQRT = 10
+NEG = 11
+RECIP = 12
+MAX = 13  # maximum(a, b), nan propagating as torch.maximum
+MAX_S = 14
+MIN = 15
+MIN_S = 16
+COPY = 17  # a, cast to the output's dtype
+ZERO = 18
+
+# Scalar sources of foreach_kernel.
+NO_SCALAR = 0
+UNIFORM = 1  # S[0]
+PER_TENSOR = 2  # S[1 + t]
+TENSOR = 3  # X[0] * S[0] (a 0-dim device tensor times alpha)
+
+
+@triton.jit
+def _locate(Table, T, STEPS):
+    """(tensor, block within it) of this program: the last start <= the program id."""
+    pid = tl.program_id(0).to(tl.int64)
+    lo = pid * 0
+    hi = lo + T - 1
+    for _ in range(STEPS):
+        mid = (lo + hi + 1) // 2
+        go = tl.load(Table + mid) <= pid
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid - 1)
+    return lo, pid - tl.load(Table + lo)
+
+
+@triton.jit
+def _ptr(Table, slot, W):
+    """The data pointer in table ``slot``, typed as the witness ``W``'s pointer."""
+    return tl.load(Table + slot).to(W.dtype)
+
+
+@triton.jit
+def _store(P, offs, v, mask):
+    if P.dtype.element_ty == tl.float16 or P.dtype.element_ty == tl.bfloat16:
+        # Round to nearest even as torch does (the interpreter's own cast truncates).
+        v = to_half(v, P.dtype.element_ty)
+    else:
+        v = v.to(P.dtype.element_ty)
+    tl.store(P + offs, v, mask=mask)
+
+
+@triton.jit
+def _lerp(a, b, w):
+    # ATen's lerp: from the nearer end, so weight 1 gives b exactly.
+    d = b - a
+    return tl.where(tl.abs(w) < 0.5, a + w * d, b - d * (1.0 - w))
+
+
+@kernel("foreach", key=[])
+@triton.jit
+def foreach_kernel(
+    Table,  # the group's table (module docstring)
+    S,  # scalars in ACC: uniform first, then one per tensor
+    X,  # a 0-dim device tensor (SCALAR == TENSOR), else any witness
+    WA, WB, WC, WO,  # witnesses of the lists read (a, b, c) and of the output
+    T,  # tensors in the group
+    STEPS,  # binary-search halvings: (T - 1).bit_length()
+    OP: tl.constexpr,
+    NIN: tl.constexpr,  # lists read (0-3), at table lists 0..NIN-1
+    OUT: tl.constexpr,  # the output's table list (0: in place into a)
+    SCALAR: tl.constexpr,
+    ACC: tl.constexpr,  # compute dtype: float32, or float64 for float64 groups
+    BLOCK: tl.constexpr,
+):
+    t, blk = _locate(Table, T, STEPS)
+    n = tl.load(Table + T + t)
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    if NIN >= 1:
+        a = tl.load(_ptr(Table, 2 * T + t, WA) + offs, mask=mask, other=1).to(ACC)
+    if NIN >= 2:
+        b = tl.load(_ptr(Table, 3 * T + t, WB) + offs, mask=mask, other=1).to(ACC)
+    if NIN >= 3:
+        c = tl.load(_ptr(Table, 4 * T + t, WC) + offs, mask=mask, other=1).to(ACC)
+    if SCALAR == 1:
+        s = tl.load(S).to(ACC)
+    elif SCALAR == 2:
+        s = tl.load(S + 1 + t).to(ACC)
+    elif SCALAR == 3:
+        s = tl.load(X).to(ACC) * tl.load(S).to(ACC)
+    if OP == 0:
+        r = a + s * b
+    elif OP == 1:
+        r = a + s
+    elif OP == 2:
+        r = a * b
+    elif OP == 3:
+        r = a * s
+    elif OP == 4:
+        r = div_true(a, b)
+    elif OP == 5:
+        r = div_true(a, s)
+    elif OP == 6:
+        r = _lerp(a, b, c)
+    elif OP == 7:
+        r = _lerp(a, b, s)
+    elif OP == 8:
+        r = a + s * b * c
+    elif OP == 9:
+        r = a + s * div_true(b, c)  # torch's CUDA foreach: value * (b / c)
+    elif OP == 10:
+        r = sqrt(a)
+    elif OP == 11:
+        r = -a
+    elif OP == 12:
+        r = div_true(tl.full((BLOCK,), 1, ACC), a)
+    elif OP == 13:
+        r = maximum(a, b)
+    elif OP == 14:
+        r = maximum(a, tl.full((BLOCK,), 0, ACC) + s)
+    elif OP == 15:
+        r = minimum(a, b)
+    elif OP == 16:
+        r = minimum(a, tl.full((BLOCK,), 0, ACC) + s)
+    elif OP == 17:
+        r = a
+    else:
+        r = tl.zeros((BLOCK,), ACC)
+    _store(_ptr(Table, (2 + OUT) * T + t, WO), offs, r, mask)
+
+
+@triton.jit
+def _powi(base, step):
+    """``base ** step`` for a whole-valued step, by squaring, in base's dtype (float64
+    where the device has it: torch's CPU kernel takes these powers in double); a
+    fractional part is applied through exp2 in float32."""
+    whole = tl.floor(step)
+    e = whole.to(tl.int64)
+    r = base * 0 + 1
+    sq = base
+    while e > 0:
+        r = tl.where((e & 1) == 1, r * sq, r)
+        sq = sq * sq
+        e = e >> 1
+    frac = (step - whole).to(tl.float32)
+    part = tl.exp2(frac * tl.log2(base.to(tl.float32)))
+    return tl.where(frac == 0, r, r * part.to(base.dtype))
+
+
+@kernel("fused_adam", key=[])
+@triton.jit
+def adam_kernel(
+    Table,  # lists: param, grad, exp_avg, exp_avg_sq, [max_exp_avg_sq,] step
+    S,  # WIDE: lr, beta1, beta2, weight_decay, eps
+    LR,  # a device lr tensor (LR_TENSOR), else any witness
+    GradScale,  # 1-element scale (HAS_SCALE), else any witness
+    FoundInf,  # 1-element flag (HAS_INF): 1 skips the whole update
+    WP, WG, WM, WV, WX, WS,  # witnesses: param, grad, exp_avg, exp_avg_sq, max, step
+    T,
+    STEPS,
+    STEP: tl.constexpr,  # the steps' table list: 4, or 5 with AMSGRAD
+    ADAMW: tl.constexpr,  # decoupled weight decay
+    AMSGRAD: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    LR_TENSOR: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_INF: tl.constexpr,
+    ACC: tl.constexpr,  # element math: float32 (float64 for float64 params)
+    WIDE: tl.constexpr,  # bias corrections: float64 where the device has it
+    BLOCK: tl.constexpr,
+):
+    t, blk = _locate(Table, T, STEPS)
+    n = tl.load(Table + T + t)
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    if HAS_INF:
+        mask = mask & (tl.load(FoundInf).to(tl.float32) != 1.0)
+    if LR_TENSOR:  # noqa: SIM108 - a static if in Triton, not a select
+        lr_w = tl.load(LR).to(WIDE)
+    else:
+        lr_w = tl.load(S).to(WIDE)
+    beta1_w = tl.load(S + 1).to(WIDE)
+    beta2_w = tl.load(S + 2).to(WIDE)
+    lr = lr_w.to(ACC)
+    beta1 = beta1_w.to(ACC)
+    beta2 = beta2_w.to(ACC)
+    wd = tl.load(S + 3).to(ACC)
+    eps = tl.load(S + 4).to(ACC)
+    step = tl.load(_ptr(Table, (2 + STEP) * T + t, WS)).to(WIDE)
+    bc1 = 1 - _powi(beta1_w, step)
+    bc2_sqrt = tl.sqrt(1 - _powi(beta2_w, step)).to(ACC)
+    step_size = (lr_w / bc1).to(ACC)
+
+    pp = _ptr(Table, 2 * T + t, WP)
+    gp = _ptr(Table, 3 * T + t, WG)
+    mp = _ptr(Table, 4 * T + t, WM)
+    vp = _ptr(Table, 5 * T + t, WV)
+    p = tl.load(pp + offs, mask=mask, other=0).to(ACC)
+    g = tl.load(gp + offs, mask=mask, other=0).to(ACC)
+    m = tl.load(mp + offs, mask=mask, other=0).to(ACC)
+    v = tl.load(vp + offs, mask=mask, other=0).to(ACC)
+    if HAS_SCALE:
+        g = div_true(g, tl.load(GradScale).to(ACC))
+        _store(gp, offs, g, mask)  # the unscaled gradient is written back, as torch's
+    if MAXIMIZE:
+        g = -g
+    if ADAMW:
+        p = tl.where(wd != 0, p - lr * wd * p, p)
+    else:
+        g = tl.where(wd != 0, g + p * wd, g)
+    # torch's CUDA kernel: beta * m + (g - beta * g), each step an fma.
+    m = tl.fma(beta1, m, tl.fma(-beta1, g, g))
+    gg = g * g
+    v = tl.fma(beta2, v, tl.fma(-beta2, gg, gg))
+    if AMSGRAD:
+        xp = _ptr(Table, 6 * T + t, WX)
+        vmax = maximum(tl.load(xp + offs, mask=mask, other=0).to(ACC), v)
+        _store(xp, offs, vmax, mask)
+        denom = div_true(sqrt(vmax), bc2_sqrt) + eps
+    else:
+        denom = div_true(sqrt(v), bc2_sqrt) + eps
+    p = p - div_true(step_size * m, denom)
+    _store(pp, offs, p, mask)
+    _store(mp, offs, m, mask)
+    _store(vp, offs, v, mask)
+
+
+@kernel("fused_sgd", key=[])
+@triton.jit
+def sgd_kernel(
+    Table,  # lists: param, grad, [momentum_buffer]
+    S,  # ACC: lr, weight_decay, momentum, dampening
+    LR, GradScale, FoundInf,  # as adam_kernel's
+    WP, WG, WB,  # witnesses: param, grad, buffer
+    T,
+    STEPS,
+    HAS_BUF: tl.constexpr,  # momentum != 0
+    FIRST: tl.constexpr,  # the buffer starts as the gradient
+    NESTEROV: tl.constexpr,
+    MAXIMIZE: tl.constexpr,
+    LR_TENSOR: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_INF: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    t, blk = _locate(Table, T, STEPS)
+    n = tl.load(Table + T + t)
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    if HAS_INF:
+        mask = mask & (tl.load(FoundInf).to(tl.float32) != 1.0)
+    if LR_TENSOR:  # noqa: SIM108 - a static if in Triton, not a select
+        lr = tl.load(LR).to(ACC)
+    else:
+        lr = tl.load(S).to(ACC)
+    wd = tl.load(S + 1).to(ACC)
+    momentum = tl.load(S + 2).to(ACC)
+    dampening = tl.load(S + 3).to(ACC)
+    pp = _ptr(Table, 2 * T + t, WP)
+    gp = _ptr(Table, 3 * T + t, WG)
+    p = tl.load(pp + offs, mask=mask, other=0).to(ACC)
+    g = tl.load(gp + offs, mask=mask, other=0).to(ACC)
+    if HAS_SCALE:
+        g = div_true(g, tl.load(GradScale).to(ACC))
+        _store(gp, offs, g, mask)
+    if MAXIMIZE:
+        g = -g
+    g = tl.where(wd != 0, g + wd * p, g)
+    if HAS_BUF:
+        bp = _ptr(Table, 4 * T + t, WB)
+        if FIRST:
+            buf = g
+        else:
+            buf = tl.load(bp + offs, mask=mask, other=0).to(ACC)
+            buf = momentum * buf + (1 - dampening) * g
+        _store(bp, offs, buf, mask)
+        if NESTEROV:  # noqa: SIM108 - a static if in Triton, not a select
+            g = g + momentum * buf
+        else:
+            g = buf
+    p = p - lr * g
+    _store(pp, offs, p, mask)
