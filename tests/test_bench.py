@@ -233,3 +233,46 @@ def test_unwritable_json_paths_fail_before_the_run(
             main([command, "--json", str(path)])
         assert why in str(info.value) and str(path) in str(info.value)
     assert capsys.readouterr().out == ""  # nothing ran
+
+
+def test_models_suite_times_each_side_eagerly_on_the_interpreter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`gemsops bench --suite models` times every selected case on each side (eager; the
+    interpreter has no device graph, and the table says so), writes JSON rows as it goes,
+    and its filters select by op and label as the kernel rows' do."""
+    out = tmp_path / "suite.json"
+    args = ["bench", "--suite", "models", "--ops", "rms_norm,attention", "--match", "tiny-llama",
+            "--json", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    labels = [r["case"] for r in result["rows"]]
+    assert labels == [
+        "tiny-llama rms_norm 16x64", "tiny-llama rms_norm fwd+bwd 16x64",
+        "tiny-llama sdpa causal 1x2/1x16x16x32", "tiny-llama sdpa causal fwd+bwd 1x2/1x16x16x32",
+        "tiny-llama decode rms_norm 1x64", "tiny-llama decode sdpa 1x2/1x1x32x32",
+        "tiny-llama decode rms_norm 2x64", "tiny-llama decode sdpa 2x2/1x1x32x32"]
+    for row in result["rows"]:
+        assert row["torch_eager_ms"] > 0 and row["gemsops_eager_ms"] > 0
+        assert row["eager_vs_torch"] == pytest.approx(
+            row["torch_eager_ms"] / row["gemsops_eager_ms"])
+        assert "gemsops_kernel_ms" not in row
+    assert "kernel time: not measured (the Triton interpreter" in printed
+    assert "eager time: geomean" in printed
+
+
+def test_models_suite_shapes_are_the_public_configs() -> None:
+    """The suite's GPU cases sit at the configs' published sizes: Llama 3.1 8B's fused
+    q/k/v projection is 4096 -> 4096 + 2 * 8 * 128, its decode head 4096 -> 128256, GPT-2's
+    MLP 768 -> 3072 at 8 x 1024 tokens, ViT-B/16's 32 images of 197 tokens."""
+    from gemsops.bench_suite import suite_cases
+
+    labels = {c.label for c in suite_cases(tiny=False)}
+    assert "llama-8b linear qkv 4096x6144x4096" in labels
+    assert "llama-8b linear decode head 16x128256x4096" in labels
+    assert "gpt2 linear up 8192x3072x768" in labels
+    assert "vit-b16 layer_norm fwd+bwd 6304x768" in labels
+    assert "llama-1b sdpa causal fwd+bwd 4x32/8x2048x2048x64" in labels
+    assert "llama-8b decode sdpa 16x32/8x1x4096x128" in labels
+    assert len(labels) == len(suite_cases(tiny=False))  # no two cases share a label
