@@ -128,11 +128,11 @@ def _median_ms(model: Any, inputs: dict[str, Any], opt: Any, repeats: int,
     return statistics.median(times)
 
 
-def steady(models: list[str], repeats: int) -> None:
+def steady(models: list[str], repeats: int, unused: tuple[str, ...] = ()) -> None:
     for name in models:
         model, inputs, opt = _build(name)
         torch_ms = _median_ms(model, inputs, opt, repeats)
-        with gemsops.use_gems():
+        with gemsops.use_gems(unused=unused):
             gems_ms = _median_ms(model, inputs, opt, repeats, gems=True)
         torch_again = _median_ms(model, inputs, opt, repeats)
         from gemshal.kernel import stats
@@ -140,7 +140,7 @@ def steady(models: list[str], repeats: int) -> None:
         launchers = stats()
         slow = sorted((r for r in launchers if r["jit"] > 20 or r["disabled"]),
                       key=lambda r: -r["jit"])[:8]
-        print(json.dumps({"model": name, "torch_ms": round(torch_ms, 2),
+        print(json.dumps({"model": name, "unused": list(unused), "torch_ms": round(torch_ms, 2),
                           "torch_again_ms": round(torch_again, 2),
                           "gemsops_ms": round(gems_ms, 2),
                           "ratio": round(gems_ms / min(torch_ms, torch_again), 3),
@@ -408,9 +408,11 @@ def main(argv: list[str]) -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--side", choices=("gemsops", "torch"), default="gemsops")
     p.add_argument("--profile", help="first: cProfile the first step into this file")
+    p.add_argument("--unused", default="",
+                   help="steady: op names left to torch (comma-separated), as use_gems(unused=)")
     a = p.parse_args(argv)
     if a.what == "steady":
-        steady(a.models.split(","), a.repeats)
+        steady(a.models.split(","), a.repeats, tuple(n for n in a.unused.split(",") if n))
     elif a.what == "first":
         first(a.model, a.side, a.profile)
     elif a.what == "profile":
