@@ -1,4 +1,4 @@
-"""Property tests of index_put and its in-place forms (gemsops/ops/index/put.py).
+"""Property tests of index_put, masked_scatter and their in-place forms (gemsops/ops/index/put.py).
 
 Drawn tensors (odd sizes, rank 1-4, transposed or sliced), index tensors on adjacent
 dims (leading, or after full slices), negative indices, broadcasting indices and
@@ -18,7 +18,13 @@ from hypothesis import strategies as st
 import gemshal
 import gemsops
 from gemsops.errors import Unsupported
-from gemsops.ops.index.put import _index_put_impl_, index_put, index_put_
+from gemsops.ops.index.put import (
+    _index_put_impl_,
+    index_put,
+    index_put_,
+    masked_scatter,
+    masked_scatter_,
+)
 from gemsops.registry import implementations
 from gemsops.testing.strategies import FLOAT_DTYPES, INT_DTYPES, tensors, to_target
 from gemsops.testing.tolerance import assert_close
@@ -151,3 +157,43 @@ def test_setitem_and_out_are_served_and_refusals_hand_back() -> None:
     if DEVICE.type == "cpu":
         with pytest.raises(IndexError):
             index_put(x, [torch.tensor([5])], v[:1])
+
+
+@settings(max_examples=25)
+@given(x=tensors(dtypes=DTYPES, specials=True), data=st.data())
+def test_masked_scatter_matches_torch(x: torch.Tensor, data: st.DataObject) -> None:
+    """masked_scatter (a copy) and masked_scatter_ (in place) fill the masked positions,
+    in order, with source's leading elements, as torch does, the mask broadcasting from
+    a suffix of self's shape; too short a source is handed back to torch."""
+    drop = data.draw(st.integers(0, x.dim()))
+    mask_shape = x.shape[drop:]
+    flags = data.draw(st.lists(st.booleans(), min_size=math.prod(mask_shape),
+                               max_size=math.prod(mask_shape)))
+    mask = to_target(torch.tensor(flags, dtype=torch.bool).reshape(mask_shape))
+    full = int(mask.expand(x.shape).sum())
+    extra = data.draw(st.integers(0, 3))
+    source = data.draw(tensors(shape=(full + extra,), dtypes=[x.dtype], specials=True))
+    expected = x.cpu().masked_scatter(mask.cpu(), source.cpu())
+    _same(masked_scatter(x, mask, source), expected)
+    y = x.clone()
+    assert masked_scatter_(y, mask, source) is y
+    _same(y, expected)
+    if full and DEVICE.type == "cpu":
+        with pytest.raises(Unsupported, match="fewer source elements"):
+            masked_scatter(x, mask, source[:full - 1])
+
+
+def test_masked_scatter_out_and_refusals() -> None:
+    """masked_scatter.out writes torch's answer into out; a uint8 mask and a source of
+    another dtype are handed back."""
+    gen = torch.Generator().manual_seed(5)
+    x = to_target(torch.randn(3, 4, generator=gen))
+    mask = x > 0
+    source = to_target(torch.randn(12, generator=gen))
+    out = torch.empty(0, device=DEVICE)
+    assert implementations()["masked_scatter.out"](x, mask, source, out=out) is out
+    _same(out, x.cpu().masked_scatter(mask.cpu(), source.cpu()))
+    with pytest.raises(Unsupported, match="bool"):
+        masked_scatter(x, mask.to(torch.uint8), source)
+    with pytest.raises(Unsupported, match="dtype"):
+        masked_scatter(x, mask, source.double())

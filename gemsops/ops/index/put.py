@@ -23,7 +23,7 @@ from gemsops.errors import Unsupported
 from gemsops.ops.index.kernels import check_value, same_device
 from gemsops.ops.index.scatter import index_add, scatter
 
-__all__ = ["index_put"]
+__all__ = ["index_put", "masked_scatter"]
 
 
 def _flat_index(indices: Sequence[Tensor], sizes: Sequence[int],
@@ -157,3 +157,71 @@ def _index_put_impl(self: Tensor, indices: Sequence[Tensor | None], values: Tens
                     accumulate: bool = False, unsafe: bool = False) -> Tensor:
     """aten's functional ``_index_put_impl``: :func:`index_put`."""
     return index_put(self, indices, values, accumulate)
+
+
+def _masked_scatter(self: Tensor, mask: Tensor, source: Tensor, shape: tuple[int, ...]
+                    ) -> Tensor:
+    """``self`` (broadcast to ``shape``) with the masked positions, in order, taking
+    ``source``'s leading elements: a prefix count of the mask gives each its element."""
+    from gemsops.ops.index.gather import index_select
+    from gemsops.ops.pointwise.arith import where
+    from gemsops.ops.rowwise.scan import cumsum
+
+    if mask.dtype != torch.bool:
+        raise Unsupported(f"a mask of {mask.dtype} (torch takes bool)")
+    if source.dtype != self.dtype:
+        raise Unsupported("source of another dtype than self (torch raises)")
+    same_device(self, mask, source)
+    check_value(self)
+    m = mask.expand(shape)
+    base = self.expand(shape)
+    if m.numel() == 0:
+        return base.clone(memory_format=torch.contiguous_format)
+    pos = cumsum(m.reshape(-1), 0)  # int64: how many masked positions up to each
+    if m.is_cpu:
+        ones = int(pos.detach().numpy()[-1])  # numpy: no aten op re-entering gemsops
+        if ones > source.numel():
+            raise Unsupported("fewer source elements than masked positions (torch raises)")
+    if source.numel() == 0:
+        if not m.is_cpu:
+            raise Unsupported("an empty source off the CPU (its check needs a sync)")
+        return base.clone(memory_format=torch.contiguous_format)
+    # A position's element is source[count - 1]; unmasked ones read a clamped index.
+    pick = (pos - 1).clamp(0, source.numel() - 1)
+    taken = index_select(source.reshape(-1), 0, pick).view(shape)
+    return where(m, taken, base)
+
+
+@op("masked_scatter.default", out="masked_scatter.out")
+def masked_scatter(self: Tensor, mask: Tensor, source: Tensor) -> Tensor:
+    """``self`` with the positions where ``mask`` holds taking ``source``'s elements in
+    order, as ``torch.masked_scatter`` (``self`` and ``mask`` broadcast together).
+
+    Raises:
+        Unsupported: a mask that is not bool, a source of another dtype, shapes that do
+            not broadcast, or (on the CPU, where counting costs no sync) fewer source
+            elements than masked positions (torch raises).
+    """
+    try:
+        shape = tuple(torch.broadcast_shapes(self.shape, mask.shape))
+    except RuntimeError:
+        raise Unsupported("self and mask do not broadcast (torch raises)") from None
+    return _masked_scatter(self, mask, source, shape)
+
+
+@op("masked_scatter_.default", public=False)
+def masked_scatter_(self: Tensor, mask: Tensor, source: Tensor) -> Tensor:
+    """aten's ``masked_scatter_``: :func:`masked_scatter` into ``self`` (the mask
+    broadcasts to ``self``'s shape)."""
+    try:
+        shape = tuple(torch.broadcast_shapes(self.shape, mask.shape))
+    except RuntimeError:
+        shape = ()
+    if shape != tuple(self.shape):
+        raise Unsupported("a mask that does not broadcast to self's shape (torch raises)")
+    ptr = self.untyped_storage().data_ptr()
+    if self.numel() and any(t.numel() and t.untyped_storage().data_ptr() == ptr
+                            for t in (mask, source)):
+        raise Unsupported("mask or source share storage with self")
+    result = _masked_scatter(self, mask, source, shape)
+    return self.copy_(result)
