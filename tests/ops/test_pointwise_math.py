@@ -22,10 +22,11 @@ from hypothesis import strategies as st
 
 from gemsops import declare, registry
 from gemsops.errors import Unsupported
+from gemsops.ops.pointwise import binary_math as bm
 from gemsops.ops.pointwise import math as pm
 from gemsops.ops.pointwise import rounding as pr
 from gemsops.testing.reference import reference
-from gemsops.testing.strategies import target_device
+from gemsops.testing.strategies import broadcast_pair, target_device
 from gemsops.testing.strategies import tensors as _tensors
 from gemsops.testing.tolerance import assert_close, tolerance
 
@@ -275,7 +276,7 @@ SERVED = sorted(o for d in declare.load() if d.module in MODULES for o in d.serv
 _SCALARS = {"other": 0.75, "self": 2.0, "decimals": 2, "nan": 1.5, "posinf": 9.0,
             "neginf": -9.0, "min_val": -0.5, "max_val": 0.5, "negative_slope": 0.1,
             "alpha": 1.0, "scale": 1.0, "input_scale": 1.0, "beta": 1.0, "threshold": 20.0,
-            "is_result": False, "self_is_result": False}
+            "is_result": False, "self_is_result": False, "weight": 0.3}
 
 
 def _sample(overload: str, arg: Any, gen: torch.Generator) -> Any:
@@ -323,3 +324,169 @@ def test_impl_entries_match_aten(key: str) -> None:
     actual = impl(key)(*args, **kwargs)
     assert actual.dtype == expected.dtype and actual.shape == expected.shape, key
     assert_close(actual, expected)
+
+
+# --- two-operand functions ------------------------------------------------------------
+
+BINARY = {name: (getattr(bm, name), getattr(torch, name)) for name in (
+    "atan2", "hypot", "copysign", "logaddexp", "logaddexp2", "xlogy", "fmod", "remainder",
+    "fmax", "fmin", "heaviside", "nextafter", "logical_xor", "bitwise_left_shift",
+    "bitwise_right_shift")}
+EXACT = {"nextafter"}
+"""Compared with torch's own result bit for bit (a float64 reference has other neighbours)."""
+
+
+@st.composite
+def operand_pairs(draw: st.DrawFn, dtypes: tuple[torch.dtype, ...] = EVERY,
+                  specials: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two tensors of independently drawn dtypes and layouts whose shapes broadcast."""
+    sa, sb = draw(broadcast_pair())
+    return (draw(tensors(shape=sa, dtypes=dtypes, specials=specials)),
+            draw(tensors(shape=sb, dtypes=dtypes, specials=specials)))
+
+
+def _compare(name: str, ours: Callable[..., Any], theirs: Callable[..., Any],
+             *args: Any) -> None:
+    if name in EXACT:
+        got, native = ours(*args), theirs(*args)
+        assert got.dtype == native.dtype and got.shape == native.shape
+        torch.testing.assert_close(got, native, rtol=0, atol=0, equal_nan=True)
+    else:
+        check(ours(*args), theirs, *args)
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@FEW
+@given(pair=operand_pairs())
+def test_binary(name: str, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """Each two-operand function broadcasts, promotes mixed dtypes as torch does, and
+    matches its values (integers exactly: truncated fmod, the divisor's sign for
+    remainder, shifts past the bit width); torch's refusals are handed back."""
+    ours, theirs = BINARY[name]
+    a, b = pair
+    if name.startswith("bitwise") and not torch.is_floating_point(b):
+        b = b.remainder(70) - 5  # counts in [-5, 65): below 0 and past every width
+    if name in ("fmod", "remainder") and not torch.is_floating_point(b):
+        b = torch.where(b == 0, torch.ones_like(b), b)
+    if not torch_accepts(theirs, a, b):
+        with pytest.raises(Unsupported):
+            ours(a, b)
+        return
+    try:
+        _compare(name, ours, theirs, a, b)
+    except Unsupported:
+        # by design: nextafter of half types; fmod of quotients of 2^52 and more
+        assert name == "nextafter" or name in ("fmod", "remainder")
+
+
+SPECIAL_GRID = [0.0, -0.0, 1.0, -1.0, 2.5, -3.0, 1e-30, 1e30, math.inf, -math.inf, math.nan]
+
+
+@pytest.mark.parametrize("name", sorted(set(BINARY) - {"bitwise_left_shift",
+                                                        "bitwise_right_shift"}))
+@pytest.mark.parametrize("dtype", HALF_AND_FLOAT)
+def test_binary_special_grid(name: str, dtype: torch.dtype) -> None:
+    """Every pair of special values (signed zeros, infinities, nan, huge and tiny) gives
+    torch's value: atan2's quadrants, hypot(inf, nan) = inf, copysign of -0.0 and -nan,
+    logaddexp(inf, inf), xlogy(0, nan) = nan, fmod(x, +-inf) = x, nextafter's steps."""
+    ours, theirs = BINARY[name]
+    grid = torch.tensor(SPECIAL_GRID, dtype=dtype)
+    a = grid.repeat_interleave(len(SPECIAL_GRID)).to(target_device())
+    b = grid.repeat(len(SPECIAL_GRID)).to(target_device())
+    if name in ("fmod", "remainder"):  # quotients of 2^52 and more: handed back (below)
+        keep = (a.abs() != 1e30) & (b.abs() != 1e-30)
+        a, b = a[keep], b[keep]
+    if not torch_accepts(theirs, a, b) or (name == "nextafter" and dtype in (
+            torch.float16, torch.bfloat16)):
+        with pytest.raises(Unsupported):
+            ours(a, b)
+        return
+    _compare(name, ours, theirs, a, b)
+    if name in ("atan2", "copysign", "hypot", "xlogy") or (
+            name in ("fmod", "remainder") and dtype in (torch.float32, torch.float64)):
+        got, native = ours(a, b).cpu(), theirs(a.cpu(), b.cpu())
+        zeros = native == 0
+        assert torch.equal(torch.signbit(got[zeros]), torch.signbit(native[zeros]))
+
+
+def test_fmod_integer_division_by_zero_and_huge_quotients() -> None:
+    """An integer fmod or remainder by a zero the host can see is handed back (torch
+    raises); so is a float quotient of 2^52 or more on the CPU, where fmod's truncated
+    quotient would no longer be exact. Scalar divisors take the divisor's dtype first."""
+    dev = target_device()
+    i = torch.tensor([7, -7, 3], dtype=torch.int32, device=dev)
+    for fn in (bm.fmod, bm.remainder):
+        with pytest.raises(Unsupported):
+            fn(i, 0)
+        with pytest.raises(Unsupported):
+            fn(i, torch.tensor([1, 0, 2], dtype=torch.int32, device=dev))
+        with pytest.raises(Unsupported):
+            fn(torch.tensor([1e30], device=dev), 1e-30)
+    x = torch.tensor([7.5, -7.5, 1e6, -0.0], dtype=torch.bfloat16, device=dev)
+    for fn, theirs in ((bm.fmod, torch.fmod), (bm.remainder, torch.remainder)):
+        for divisor in (0.3, -2, 2.5):
+            torch.testing.assert_close(fn(x, divisor), theirs(x, divisor), rtol=0, atol=0)
+        check(fn(i, -2), theirs, i, -2)
+    check(bm.remainder(5, i), torch.remainder, 5, i)
+
+
+@pytest.mark.parametrize("name", ["bitwise_left_shift", "bitwise_right_shift"])
+@given(x=tensors(dtypes=INTS), count=st.integers(-3, 70), data=st.data())
+@FEW
+def test_shifts(name: str, x: torch.Tensor, count: int, data: st.DataObject) -> None:
+    """Shifts match torch bit for bit for every integer dtype, counts below zero and past
+    the bit width, Tensor_Scalar and Scalar_Tensor forms, the dunder overloads, out= and
+    in place (``x <<= 3``)."""
+    ours, theirs = BINARY[name]
+    check(ours(x, count), theirs, x, count)
+    check(ours(5, x.remainder(70) - 3), theirs, 5, x.remainder(70) - 3)
+    dunder = "__lshift__" if "left" in name else "__rshift__"
+    check(impl(f"{dunder}.Scalar")(x, count), theirs, x, count)
+    self = x.clone()
+    impl(f"{dunder.replace('__', '__i', 1)}.Scalar")(self, count)
+    check(self, theirs, x, count)
+    out = torch.empty(0, dtype=x.dtype, device=target_device())
+    impl(f"{name}.Tensor_out")(x, x.remainder(9), out=out)
+    check(out, theirs, x, x.remainder(9))
+
+
+@pytest.mark.parametrize("key", ["atan2_.default", "copysign_.Scalar", "fmod_.Scalar",
+                                 "remainder_.Tensor", "hypot_.default", "xlogy_.Scalar_Other",
+                                 "lerp_.Scalar", "heaviside_.default", "logical_xor_.default"])
+@FEW
+@given(pair=operand_pairs(dtypes=(torch.float32, torch.bfloat16, torch.float16),
+                          specials=False))
+def test_binary_inplace(key: str, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
+    """In-place entries write ``self`` and agree with torch's in-place op (or hand back
+    where torch refuses: a broadcast self, other dtypes for heaviside and lerp)."""
+    a, b = pair
+    if not a.numel():
+        return  # an empty self may have zero strides: the iterator hands it back
+    name, overload = key.split(".")
+    second: Any = 0.75 if "Scalar" in overload else b
+    args = (a.clone(), b, 0.3) if name == "lerp_" else (a.clone(), second)
+    if not torch_accepts(aten(key), *[v.clone() if isinstance(v, torch.Tensor) else v
+                                      for v in args]):
+        with pytest.raises(Unsupported):
+            impl(key)(*args)
+        return
+    expected = aten(key)(*[v.clone() if isinstance(v, torch.Tensor) else v for v in args])
+    assert impl(key)(*args) is args[0]
+    assert_close(args[0], expected.double() if expected.dtype.is_floating_point else expected)
+
+
+@FEW
+@given(pair=operand_pairs(dtypes=(torch.float32, torch.float16, torch.float64)),
+       weight=st.sampled_from([0.0, 0.3, 0.5, 1.0, -0.25, 1.5]))
+def test_lerp(pair: tuple[torch.Tensor, torch.Tensor], weight: float) -> None:
+    """lerp with a scalar or tensor weight matches torch (from the nearer end, so weight
+    1 gives ``end`` exactly); tensors of other dtypes are handed back as torch refuses."""
+    a, b = pair
+    if a.dtype != b.dtype:
+        with pytest.raises(Unsupported):
+            bm.lerp(a, b, weight)
+        return
+    check(bm.lerp(a, b, weight), torch.lerp, a, b, weight)
+    w = torch.full_like(b, weight)
+    if torch_accepts(torch.lerp, a, b, w):
+        check(bm.lerp(a, b, w), torch.lerp, a, b, w)
