@@ -273,9 +273,10 @@ def _declare(name: str, doc: str, *, scalar: Iterable[str] = (), inplace: bool =
     """``name`` declared for its ``default`` overload (or ``Tensor`` and the overloads in
     ``scalar``), their out= ones and, with ``inplace``, ``name_``."""
     scalar = tuple(scalar)
-    if not scalar:
-        overloads, outs, inplaces = ("default",), ("out",), ("default",)
-    else:
+    overloads: tuple[str, ...] = ("default",)
+    outs: tuple[str, ...] = ("out",)
+    inplaces: tuple[str, ...] = ("default",)
+    if scalar:
         overloads = ("Tensor", *scalar)
         outs = tuple(f"{o}_out" for o in overloads)
         inplaces = tuple(o for o in overloads if o != "Scalar_Tensor")  # self a number
@@ -301,8 +302,8 @@ def _magnitudes(x: Value) -> tuple[float, float] | None:
             return None
         t = x.detach()
         if t.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits, widened
-            t = (t.view(torch.int16).numpy().astype(np.int32) << 16).view(np.float32)
-            v = np.abs(t.astype(np.float64))
+            bits = t.view(torch.int16).numpy().astype(np.int32) << 16
+            v = np.abs(bits.view(np.float32).astype(np.float64))
         else:
             v = np.abs(t.numpy().astype(np.float64))
     else:
