@@ -98,6 +98,8 @@ def _adam(name: str, adamw: bool, params: list[Tensor], grads: list[Tensor],
           grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
     if not params:
         raise Unsupported(f"{name}: an empty tensor list")
+    if max_exp_avg_sqs and not amsgrad:
+        raise Unsupported(f"{name}: max_exp_avg_sqs given without amsgrad")  # torch raises
     device = params[0].device
     lists = [params, grads, exp_avgs, exp_avg_sqs, *([max_exp_avg_sqs] if amsgrad else [])]
     value, lr_t = _lr(name, lr, device)

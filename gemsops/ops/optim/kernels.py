@@ -211,10 +211,11 @@ def adam_kernel(
 ):
     t, blk = _locate(Table, T, STEPS)
     n = tl.load(Table + T + t)
+    if HAS_INF:
+        # found_inf == 1 skips the update: no element is in range.
+        n = tl.where(tl.load(FoundInf).to(tl.float32) == 1.0, 0, n)
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    if HAS_INF:
-        mask = mask & (tl.load(FoundInf).to(tl.float32) != 1.0)
     if LR_TENSOR:  # noqa: SIM108 - a static if in Triton, not a select
         lr_w = tl.load(LR).to(WIDE)
     else:
@@ -286,10 +287,11 @@ def sgd_kernel(
 ):
     t, blk = _locate(Table, T, STEPS)
     n = tl.load(Table + T + t)
+    if HAS_INF:
+        # found_inf == 1 skips the update: no element is in range.
+        n = tl.where(tl.load(FoundInf).to(tl.float32) == 1.0, 0, n)
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    if HAS_INF:
-        mask = mask & (tl.load(FoundInf).to(tl.float32) != 1.0)
     if LR_TENSOR:  # noqa: SIM108 - a static if in Triton, not a select
         lr = tl.load(LR).to(ACC)
     else:
