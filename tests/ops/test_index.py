@@ -303,6 +303,19 @@ def test_out_of_range_index_raises_like_torch() -> None:
     assert bool((x == 0).all())
 
 
+@pytest.mark.skipif(DEV.type != "cpu", reason="indices are range-checked on the CPU only")
+def test_an_index_outside_its_own_dim_raises_though_the_merged_index_fits() -> None:
+    """x[i, j] with j == x.size(1): torch raises IndexError naming the dim; the merged
+    row-major index (i * 4 + 4) would fit in x, and must not pick x[i + 1, 0]."""
+    x = torch.arange(16.0).view(4, 4)
+    for i, j, dim in (([0], [4], 1), ([4], [0], 0), ([0], [-5], 1)):
+        with pytest.raises(IndexError, match=f"out of bounds for dimension {dim} with size 4"):
+            G.index(x, [torch.tensor(i), torch.tensor(j)])
+        with gemsops.use_gems(), pytest.raises(IndexError):
+            x[torch.tensor(i), torch.tensor(j)]
+    assert G.index(x, [torch.tensor([3]), torch.tensor([-1])]).tolist() == [15.0]
+
+
 @pytest.mark.parametrize(
     "call",
     [

@@ -142,10 +142,26 @@ def index(self: Tensor, indices: Sequence[Tensor | None]) -> Tensor:
         raise Unsupported("index tensors that do not broadcast (torch raises)") from None
     sizes = self.shape[first:first + count]
     flat: Tensor | None = None
-    for (_, t), size in zip(live, sizes, strict=True):
+    outside: Tensor | None = None
+    for (d, t), size in zip(live, sizes, strict=True):
+        if t.is_cpu and t.numel():
+            # numpy: no aten op that could re-enter gemsops; torch's message.
+            arr = t.detach().numpy()
+            bad = [int(v) for v in (arr.min(), arr.max()) if not -size <= int(v) < size]
+            if bad:
+                raise IndexError(f"index {bad[0]} is out of bounds for dimension {d} "
+                                 f"with size {size}")
         wrapped = torch.where(t < 0, t + size, t).expand(shape)
+        if not t.is_cpu and count > 1:
+            # Off the CPU nothing is checked on the host: an index outside its own dim
+            # must not land on another row of the merged dims, so it is made an index
+            # outside the merged dim, which index_select's kernel masks off.
+            out_here = (wrapped < 0) | (wrapped >= size)
+            outside = out_here if outside is None else outside | out_here
         flat = wrapped if flat is None else flat * size + wrapped
     assert flat is not None
+    if outside is not None:
+        flat = torch.where(outside, -1, flat)
     merged = self.reshape(*self.shape[:first], math.prod(sizes), *self.shape[first + count:])
     picked = index_select(merged, first, flat.reshape(-1))
     return picked.view(*self.shape[:first], *shape, *self.shape[first + count:])
