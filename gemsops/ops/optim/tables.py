@@ -95,7 +95,8 @@ def _check(name: str, lists: Sequence[Sequence[Tensor]]) -> torch.device:
     index = first.get_device()
     sizes = tuple(map(Tensor.size, lists[0]))
     for k, lst in enumerate(lists):
-        if any(d != index for d in map(Tensor.get_device, lst)):
+        devices = list(map(Tensor.get_device, lst))
+        if devices.count(index) != n:  # C-speed scans: this runs for every tensor
             where = sorted({str(t.device) for t in lst})
             raise Unsupported(f"{name}: list {k} has tensors on {', '.join(where)}")
         if not all(map(Tensor.is_contiguous, lst)):
@@ -113,11 +114,14 @@ def _check_side(name: str, lst: Sequence[Tensor], n: int, device: torch.device) 
     if len(lst) != n:
         raise Unsupported(f"{name}: {len(lst)} step tensors for {n} parameters")
     index = device.index if device.index is not None else -1
-    for i, t in enumerate(lst):
-        if t.get_device() != index or t.device.type != device.type:
-            raise Unsupported(f"{name}: state_steps[{i}] on {t.device}, the tensors on {device}")
-        if t.numel() != 1:
-            raise Unsupported(f"{name}: state_steps[{i}] holds {t.numel()} values, not 1")
+    devices = list(map(Tensor.get_device, lst))
+    if devices.count(index) != n:
+        i = next(i for i, d in enumerate(devices) if d != index)
+        raise Unsupported(f"{name}: state_steps[{i}] on {lst[i].device}, the tensors on {device}")
+    numels = list(map(Tensor.numel, lst))
+    if numels.count(1) != n:
+        i = next(i for i, k in enumerate(numels) if k != 1)
+        raise Unsupported(f"{name}: state_steps[{i}] holds {numels[i]} values, not 1")
 
 
 def check_dtypes(name: str, dtypes: set[torch.dtype]) -> None:
