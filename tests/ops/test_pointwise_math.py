@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from gemsops import declare, registry
 from gemsops.errors import Unsupported
+from gemsops.ops.pointwise import activation_extra as ae
 from gemsops.ops.pointwise import binary_math as bm
 from gemsops.ops.pointwise import math as pm
 from gemsops.ops.pointwise import rounding as pr
@@ -274,7 +275,7 @@ MODULES = ("gemsops.ops.pointwise.math", "gemsops.ops.pointwise.rounding",
 SERVED = sorted(o for d in declare.load() if d.module in MODULES for o in d.served)
 """Every aten overload this family's modules declare."""
 _SCALARS = {"other": 0.75, "self": 2.0, "decimals": 2, "nan": 1.5, "posinf": 9.0,
-            "neginf": -9.0, "min_val": -0.5, "max_val": 0.5, "negative_slope": 0.1,
+            "neginf": -9.0, "min_val": -1.0, "max_val": 1.0, "negative_slope": 0.1,
             "alpha": 1.0, "scale": 1.0, "input_scale": 1.0, "beta": 1.0, "threshold": 20.0,
             "is_result": False, "self_is_result": False, "weight": 0.3}
 
@@ -490,3 +491,109 @@ def test_lerp(pair: tuple[torch.Tensor, torch.Tensor], weight: float) -> None:
     w = torch.full_like(b, weight)
     if torch_accepts(torch.lerp, a, b, w):
         check(bm.lerp(a, b, w), torch.lerp, a, b, w)
+
+
+# --- activations and their backward ops ---------------------------------------------
+
+A = torch.ops.aten
+F = torch.nn.functional
+ACTIVATIONS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "hardtanh": (ae.hardtanh, F.hardtanh),
+    "relu6": (lambda x: ae.hardtanh(x, 0, 6), F.relu6),
+    "leaky_relu": (lambda x: ae.leaky_relu(x, 0.2), lambda x: F.leaky_relu(x, 0.2)),
+    "elu": (lambda x: ae.elu(x, 1.3), lambda x: F.elu(x, 1.3)),
+    "selu": (lambda x: ae.elu(x, 1.6732632423543772, 1.0507009873554805), F.selu),
+    "celu": (lambda x: ae.elu(x, 0.7, 1, 1 / 0.7), lambda x: F.celu(x, 0.7)),
+    "softplus": (lambda x: ae.softplus(x, 2.0, 10), lambda x: F.softplus(x, 2.0, 10)),
+    "hardsigmoid": (ae.hardsigmoid, F.hardsigmoid),
+    "hardswish": (ae.hardswish, F.hardswish),
+    "mish": (ae.mish, F.mish),
+}
+BACKWARD: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "hardtanh_backward": (lambda g, x: ae.hardtanh_backward(g, x, -1, 1),
+                          lambda g, x: A.hardtanh_backward(g, x, -1, 1)),
+    "relu6_backward": (lambda g, x: ae.hardtanh_backward(g, x, 0, 6),
+                       lambda g, x: A.hardtanh_backward(g, x, 0, 6)),
+    "leaky_relu_backward": (lambda g, x: ae.leaky_relu_backward(g, x, 0.2, False),
+                            lambda g, x: A.leaky_relu_backward(g, x, 0.2, False)),
+    "elu_backward": (lambda g, x: ae.elu_backward(g, 1.3, 1, 1, False, x),
+                     lambda g, x: A.elu_backward(g, 1.3, 1, 1, False, x)),
+    "elu_backward_of_result": (lambda g, y: ae.elu_backward(g, 1.3, 1, 1, True, y),
+                               lambda g, y: A.elu_backward(g, 1.3, 1, 1, True, y)),
+    "softplus_backward": (lambda g, x: ae.softplus_backward(g, x, 1, 20),
+                          lambda g, x: A.softplus_backward(g, x, 1, 20)),
+    "hardsigmoid_backward": (ae.hardsigmoid_backward, A.hardsigmoid_backward),
+    "hardswish_backward": (ae.hardswish_backward, A.hardswish_backward),
+    "mish_backward": (ae.mish_backward, A.mish_backward),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+@FEW
+@given(x=tensors(dtypes=(*HALF_AND_FLOAT, torch.int32)))
+def test_activations(name: str, x: torch.Tensor) -> None:
+    """Each activation matches torch on floating tensors (half types in float32), nan,
+    inf and the kinks (-3, 3, 0, 6, the softplus threshold) included; integer tensors
+    are handed back (torch refuses them, or clamps them by its own rules)."""
+    ours, theirs = ACTIVATIONS[name]
+    if not x.dtype.is_floating_point:
+        with pytest.raises(Unsupported):
+            ours(x)
+        return
+    check(ours(x), theirs, x)
+    kinks = torch.tensor([-3.0, 3.0, 0.0, -0.0, 6.0, 5.0, 10.0, -1.0, 1.0, 20.0],
+                         dtype=x.dtype, device=target_device())
+    check(ours(kinks), theirs, kinks)
+
+
+NAN_BY_PATH = {"elu_backward", "elu_backward_of_result", "hardswish_backward",
+               "hardtanh_backward", "relu6_backward"}
+"""Where torch's own CPU kernel answers a nan input by the loop it takes (its vectorised
+loop and its scalar loop differ; a float16 tensor of nine elements takes the scalar
+one): gemsops gives the vectorised loop's answer (nan; 0 for hardtanh's backward)."""
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARD))
+@FEW
+@given(x=tensors(dtypes=HALF_AND_FLOAT), data=st.data())
+def test_activation_backward_ops(name: str, x: torch.Tensor, data: st.DataObject) -> None:
+    """The backward ops autograd calls match aten's, at the kinks and special values too
+    (nan gives torch's 0, grad or nan)."""
+    ours, theirs = BACKWARD[name]
+    g = data.draw(tensors(shape=x.shape, dtypes=(x.dtype,), specials=False))
+    kinks = [-3.0, 3.0, 0.0, 6.0, -1.0, 1.0, 20.0, 21.0, math.nan]
+    if name in NAN_BY_PATH:
+        x = torch.where(x.isnan(), torch.zeros_like(x), x)
+        kinks = kinks[:-1]
+    check(ours(g, x), theirs, g, x)
+    kinks = torch.tensor(kinks, dtype=x.dtype, device=target_device())
+    check(ours(torch.ones_like(kinks), kinks), theirs, torch.ones_like(kinks), kinks)
+
+
+def test_activation_variants_handed_back() -> None:
+    """Parameters the three-operand kernels do not take, torch's refusals and out= of
+    another dtype are handed back; in place and grad_input= write their tensor."""
+    x = torch.randn(4, 5, device=target_device())
+    with pytest.raises(Unsupported):
+        ae.elu(x, 1.0, 2.0, 3.0)
+    with pytest.raises(Unsupported):
+        ae.elu_backward(x, 1.0, 2.0, 1.0, False, x)
+    with pytest.raises(Unsupported):
+        ae.elu_backward(x, -1.0, 1.0, 1.0, True, x)
+    with pytest.raises(Unsupported):
+        ae.softplus_backward(x, x, 2.0, 20)
+    with pytest.raises(Unsupported):
+        ae.hardtanh_backward(x, x, -2, 2)
+    with pytest.raises(Unsupported):
+        ae.leaky_relu_backward(x, x, -0.1, True)
+    with pytest.raises(Unsupported):
+        ae.leaky_relu(x, out=torch.empty(4, 5, dtype=torch.float64, device=target_device()))
+    for key, extra in (("hardtanh_.default", ()), ("leaky_relu_.default", (0.1,)),
+                       ("elu_.default", ()), ("hardsigmoid_.default", ()),
+                       ("hardswish_.default", ()), ("mish_.default", ())):
+        self = x.clone()
+        assert impl(key)(self, *extra) is self
+        assert_close(self, aten(key)(x.clone().double(), *extra))
+    buf = torch.empty(0, device=target_device())
+    assert impl("hardswish_backward.out")(x, x, out=buf) is buf
+    assert_close(buf, A.hardswish_backward(x.double(), x.double()))
