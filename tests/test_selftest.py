@@ -121,14 +121,78 @@ def test_unknown_ops_and_dtypes_exit_with_one_line(
     assert capsys.readouterr().out == ""
 
 
-def test_every_case_passes_here_and_is_served() -> None:
-    """Every op the conformance command checks passes on this device in float32 and is
-    served by gemsops (a case whose op gemsops stopped serving, or whose inputs torch
-    refuses, would show as not implemented or failed here first)."""
+# The attention ops torch picks on other devices: the attention cases reach the one it
+# picks here (``_scaled_dot_product_flash_attention_for_cpu`` on the CPU).
+_ATTENTION_VARIANTS = frozenset(
+    f"_scaled_dot_product_{kind}{suffix}"
+    for kind in ("flash_attention", "efficient_attention", "cudnn_attention",
+                 "flash_attention_for_cpu")
+    for suffix in ("", "_backward")
+)
+
+
+def _served_ops() -> set[str]:
+    """The op names `gemsops ops` lists, from the registry's declarations."""
+    return {registry.base_name(overload) for overload in registry.implementations()}
+
+
+def test_every_served_op_has_a_case_or_a_reason() -> None:
+    """Every op gemsops serves is checked by a selftest case or named in UNCHECKED with
+    its reason: a newly added op without a case fails here, by name."""
     from gemsops import selftest
 
-    rows = selftest.run(selftest.CASES, [torch.float32], examples=2)
+    ops = _served_ops()
+    covered = {name for case in selftest.CASES for name in case.aten}
+    missing = sorted(ops - covered - set(selftest.UNCHECKED))
+    assert missing == [], (
+        f"ops served by gemsops with no case in gemsops/selftest.py CASES (add one, or "
+        f"name the op in UNCHECKED with the reason): {', '.join(missing)}"
+    )
+    stale = sorted((covered | set(selftest.UNCHECKED)) - ops)
+    assert stale == [], f"names in selftest CASES or UNCHECKED that gemsops does not serve: {stale}"
+    both = sorted(covered & set(selftest.UNCHECKED))
+    assert both == [], f"ops both checked by a case and listed in UNCHECKED: {both}"
+    assert all(reason.strip() for reason in selftest.UNCHECKED.values())
+
+
+def test_every_case_passes_here_and_is_served() -> None:
+    """Every op the conformance command checks passes on this device (in float32, or its
+    first dtype for integer ops) and is served by gemsops: each case reaches at least one
+    of the ops it names, and every op is reached by some case (but the attention kernels
+    torch picks on other devices). A case whose op gemsops stopped serving, or whose
+    inputs torch refuses, would show as not implemented or failed here first."""
+    from gemsops import selftest
+
+    rows = []
+    for case in selftest.CASES:
+        dtype = torch.float32 if torch.float32 in case.dtypes else case.dtypes[0]
+        rows += selftest.run([case], [dtype], examples=2)
     assert len(rows) == len(selftest.CASES)
-    bad = [(r.op, r.outcome, r.detail) for r in rows if r.outcome != "passed"]
+    bad = [(r.op, r.outcome, r.detail, r.example) for r in rows if r.outcome != "passed"]
     assert bad == []
     assert len({case.op for case in selftest.CASES}) == len(selftest.CASES)
+    unreached = [
+        (case.op, case.aten, row.served)
+        for case, row in zip(selftest.CASES, rows, strict=True)
+        if not set(case.aten) & set(row.served)
+    ]
+    assert unreached == [], "cases that reach none of the ops they name"
+    reached = {name for row in rows for name in row.served}
+    never = sorted(_served_ops() - reached - set(selftest.UNCHECKED) - _ATTENTION_VARIANTS)
+    assert never == [], f"ops no case reaches on this device: {never}"
+
+
+def test_new_case_names_are_accepted_by_the_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--ops` takes the names of the second pass's cases (backward, foreach, fused
+    optimizer, random and integer ops) and runs them in their own dtypes."""
+    code = main(["selftest", "--ops", "gelu_backward,_foreach_add,fused_adamw,bernoulli,"
+                 "__lshift__", "--examples", "1", "--dtypes", "float32,int32"])
+    out = capsys.readouterr().out
+    assert code == 0
+    for name, dtype in [("gelu_backward", "float32"), ("_foreach_add", "float32"),
+                        ("fused_adamw", "float32"), ("bernoulli", "float32"),
+                        ("__lshift__", "int32")]:
+        assert any(line.split()[:3] == [name, dtype, "passed"] for line in out.splitlines())
+    assert "5 passed, 0 failed" in out
