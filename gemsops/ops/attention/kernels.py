@@ -10,6 +10,16 @@ softmax uses ``exp2``; the saved logsumexp is in natural units (what torch's ker
 save, so torch's backward can be paired with this forward). Causal masking is
 top-left aligned (key ``j`` is visible to query ``i`` when ``j <= i``), as torch's
 ``is_causal``. A row that sees no key gives a zero output and a logsumexp of -inf.
+
+Dropout (``DROPOUT``, a constexpr: the kernels without it compile to what they were
+before it existed) drops a probability after the softmax, as torch's SDPA does: the
+normaliser and the saved logsumexp are the full softmax's, the kept probabilities are
+scaled by ``1 / (1 - p)`` and the dropped ones are 0. Its mask is counter-based
+(:func:`dropout_keep`): the element (batch ``b``, query head ``h``, query ``i``, key
+``j``) takes lane ``j % 4`` of the Philox output for counter
+``offset + ((b * H + h) * Lq + i) * ceil(Lk / 4) + j // 4`` under the call's key, so
+any tile shape (the forward's, the backward's transposed ones) regenerates the same
+mask and nothing is stored.
 """
 
 from __future__ import annotations
@@ -20,10 +30,26 @@ import triton.language as tl
 from gemshal.kernel import kernel
 
 __all__ = ["attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel", "attention_bwd_pre_kernel",
-           "attention_fwd_kernel"]
+           "attention_dropout_mask_kernel", "attention_fwd_kernel", "dropout_keep"]
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def dropout_keep(seed, offset, bh, rows, start_n, Lq, Lk, p, BLOCK_N: tl.constexpr):
+    """The kept elements of rows ``rows`` and keys ``start_n .. start_n + BLOCK_N`` of
+    head row ``bh = b * H + h``: a [len(rows), BLOCK_N] boolean tile (``start_n`` and
+    ``BLOCK_N`` multiples of 4). An element is kept when its uniform number in [0, 1)
+    is ``>= p`` (probability ``1 - p``), as gemsops' ``native_dropout`` keeps one."""
+    groups = start_n // 4 + tl.arange(0, BLOCK_N // 4)
+    width = (Lk + 3) // 4
+    n = (bh.to(tl.int64) * Lq + rows.to(tl.int64))[:, None] * width + groups[None, :]
+    counter = n.to(tl.uint64) + offset.to(tl.uint64)
+    r0, r1, r2, r3 = tl.randint4x(seed, counter)
+    # Key j = 4 * group + lane reads lane j % 4 of its group's four numbers.
+    bits = tl.interleave(tl.interleave(r0, r2), tl.interleave(r1, r3))
+    return tl.uint_to_uniform_float(bits) >= p
 
 
 @kernel("attention_fwd", key=["Lq", "Lk", "D"])
@@ -33,6 +59,7 @@ def attention_fwd_kernel(
     Bias,  # additive bias broadcast to [B, H, Lq, Lk] (read when HAS_BIAS)
     O,  # [B, H, Lq, D] output
     LSE,  # [B, H, Lq] float32 logsumexp (natural log)
+    Seed, Offset,  # 0-dim int64 Philox key and counter offset (read when DROPOUT)
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -41,11 +68,14 @@ def attention_fwd_kernel(
     slb, slh, slm,
     H, GROUP, Lq, Lk,
     qk_scale,  # softmax scale * log2(e)
+    dropout_p,  # probability of dropping an element (when DROPOUT)
+    dropout_scale,  # 1 / (1 - dropout_p), 0 when dropout_p is 1
     D: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     UPCAST: tl.constexpr,  # widen bf16 tiles to fp32 before tl.dot (the interpreter)
     PRECISION: tl.constexpr,  # tl.dot input_precision for fp32 operands
+    DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -66,6 +96,9 @@ def attention_fwd_kernel(
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
     bias_base = Bias + b * sbb + h * sbh
+    if DROPOUT:
+        seed = tl.load(Seed)
+        offset = tl.load(Offset)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -99,12 +132,19 @@ def attention_fwd_kernel(
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
+        if DROPOUT:
+            # The normaliser l_i sums every probability; only the kept ones reach v.
+            kept = dropout_keep(seed, offset, b * H + h, rows, start_n, Lq, Lk, dropout_p,
+                                BLOCK_N)
+            p = tl.where(kept, p, 0.0)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
+    if DROPOUT:
+        out = out * dropout_scale
     tl.store(O + b * sob + h * soh + rows[:, None] * som + offs_d[None, :] * sod,
              out.to(O.dtype.element_ty), mask=mask_m[:, None])
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
@@ -144,6 +184,7 @@ def attention_bwd_dkdv_kernel(
     Delta,  # [B * H, Lq] float32
     DK, DV,  # [B, H // GROUP, Lk, D]
     DBias,  # [B, H, Lq, Lk] gradient of the bias (written when BIAS_GRAD), zero-filled
+    Seed, Offset,  # the forward's Philox key and counter offset (read when DROPOUT)
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -155,12 +196,15 @@ def attention_bwd_dkdv_kernel(
     sgb, sgh, sgm, sgn,
     H, GROUP, Lq, Lk,
     scale,
+    dropout_p,
+    dropout_scale,
     D: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BIAS_GRAD: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -187,6 +231,9 @@ def attention_bwd_dkdv_kernel(
     qk_scale = scale * LOG2E
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    if DROPOUT:
+        seed = tl.load(Seed)
+        offset = tl.load(Offset)
     lo = 0
     if CAUSAL:
         lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # earlier query blocks see none of these keys
@@ -219,8 +266,18 @@ def attention_bwd_dkdv_kernel(
             if CAUSAL:
                 keep = keep & (cols[:, None] <= rows[None, :])
             pt = tl.where(keep, tl.exp2(st - lse2[None, :]), 0.0)
-            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+            if DROPOUT:
+                # Z = P * kept / (1 - p): dV = Z^T dO, dP = dZ * kept / (1 - p), and
+                # rowsum(dP * P) is still rowsum(dO * O) (delta).
+                kept = tl.trans(dropout_keep(seed, offset, b * H + h, rows, pid_n * BLOCK_N,
+                                             Lq, Lk, dropout_p, BLOCK_N))
+                zt = tl.where(kept, pt * dropout_scale, 0.0)
+                dv = tl.dot(zt.to(do.dtype), do, dv, input_precision=PRECISION)
+            else:
+                dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
             dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            if DROPOUT:
+                dpt = tl.where(kept, dpt * dropout_scale, 0.0)
             dst = pt * (dpt - delta[None, :])
             if BIAS_GRAD:
                 tl.store(DBias + b * sgb + h * sgh + rows[None, :] * sgm + cols[:, None] * sgn,
@@ -238,6 +295,7 @@ def attention_bwd_dkdv_kernel(
 def attention_bwd_dq_kernel(
     Q, K, V, Bias, DO, LSE, Delta,
     DQ,  # [B, H, Lq, D]
+    Seed, Offset,  # the forward's Philox key and counter offset (read when DROPOUT)
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -247,11 +305,14 @@ def attention_bwd_dq_kernel(
     sdqb, sdqh, sdqm, sdqd,
     H, GROUP, Lq, Lk,
     scale,
+    dropout_p,
+    dropout_scale,
     D: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -279,6 +340,9 @@ def attention_bwd_dq_kernel(
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    if DROPOUT:
+        seed = tl.load(Seed)
+        offset = tl.load(Offset)
     hi = Lk
     if CAUSAL:
         hi = tl.minimum(Lk, (pid_m + 1) * BLOCK_M)
@@ -302,8 +366,32 @@ def attention_bwd_dq_kernel(
             keep = keep & (cols[None, :] <= rows[:, None])
         p = tl.where(keep, tl.exp2(s - lse2[:, None]), 0.0)
         dp = tl.dot(do, vt, input_precision=PRECISION)
+        if DROPOUT:
+            kept = dropout_keep(seed, offset, b * H + h, rows, start_n, Lq, Lk, dropout_p,
+                                BLOCK_N)
+            dp = tl.where(kept, dp * dropout_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PRECISION)
     dq = dq * scale
     tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqm + offs_d[None, :] * sdqd,
              dq.to(DQ.dtype.element_ty), mask=mask_m[:, None])
+
+
+@triton.jit
+def attention_dropout_mask_kernel(
+    Seed, Offset,  # 0-dim int64 Philox key and counter offset
+    Out,  # [B * H, Lq, Lk] bool, contiguous: the kept elements
+    Lq, Lk,
+    p,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The mask the attention kernels draw for a key, materialised (tests only)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    start_n = tl.program_id(2) * BLOCK_N
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = start_n + tl.arange(0, BLOCK_N)
+    kept = dropout_keep(tl.load(Seed), tl.load(Offset), bh, rows, start_n, Lq, Lk, p, BLOCK_N)
+    tl.store(Out + (bh * Lq + rows[:, None]) * Lk + cols[None, :], kept,
+             mask=(rows[:, None] < Lq) & (cols[None, :] < Lk))

@@ -34,17 +34,21 @@ __all__ = ["philox_key"]
 _LOW = -(2**63)
 
 
-def philox_key(device: torch.device, generator: torch.Generator | None = None) -> Tensor:
-    """A fresh 64-bit Philox key, as a 0-dim int64 tensor on ``device``.
+def philox_key(device: torch.device, generator: torch.Generator | None = None, *,
+               shape: tuple[int, ...] = ()) -> Tensor:
+    """A fresh 64-bit Philox key, as a 0-dim int64 tensor on ``device`` (or a tensor of
+    ``shape`` holding independent 64-bit values, drawn in one call: attention's key and
+    counter offset).
 
     Args:
         device: The device of the tensor the kernel fills; the key lives there.
         generator: The generator to draw from; the device's default generator when None.
+        shape: The shape of the returned tensor; 0-dim by default.
 
     Raises:
         Unsupported: ``generator`` belongs to another device (torch raises).
     """
     if generator is not None and generator.device != device:
         raise Unsupported(f"generator of {generator.device} for a tensor on {device}")
-    key = torch.empty((), dtype=torch.int64, device=device)
+    key = torch.empty(shape, dtype=torch.int64, device=device)
     return key.random_(_LOW, None, generator=generator)
