@@ -59,7 +59,6 @@ def attention_fwd_kernel(
     Bias,  # additive bias broadcast to [B, H, Lq, Lk] (read when HAS_BIAS)
     O,  # [B, H, Lq, D] output
     LSE,  # [B, H, Lq] float32 logsumexp (natural log)
-    Seed, Offset,  # 0-dim int64 Philox key and counter offset (read when DROPOUT)
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -68,6 +67,9 @@ def attention_fwd_kernel(
     slb, slh, slm,
     H, GROUP, Lq, Lk,
     qk_scale,  # softmax scale * log2(e)
+    # Dropout's arguments come last, so the others keep their parameter offsets (the
+    # kernel without DROPOUT compiles to the code it had before they existed).
+    Seed, Offset,  # 0-dim int64 Philox key and counter offset (read when DROPOUT)
     dropout_p,  # probability of dropping an element (when DROPOUT)
     dropout_scale,  # 1 / (1 - dropout_p), 0 when dropout_p is 1
     D: tl.constexpr,
@@ -184,7 +186,6 @@ def attention_bwd_dkdv_kernel(
     Delta,  # [B * H, Lq] float32
     DK, DV,  # [B, H // GROUP, Lk, D]
     DBias,  # [B, H, Lq, Lk] gradient of the bias (written when BIAS_GRAD), zero-filled
-    Seed, Offset,  # the forward's Philox key and counter offset (read when DROPOUT)
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -196,6 +197,7 @@ def attention_bwd_dkdv_kernel(
     sgb, sgh, sgm, sgn,
     H, GROUP, Lq, Lk,
     scale,
+    Seed, Offset,  # the forward's Philox key and counter offset (read when DROPOUT)
     dropout_p,
     dropout_scale,
     D: tl.constexpr,
@@ -295,7 +297,6 @@ def attention_bwd_dkdv_kernel(
 def attention_bwd_dq_kernel(
     Q, K, V, Bias, DO, LSE, Delta,
     DQ,  # [B, H, Lq, D]
-    Seed, Offset,  # the forward's Philox key and counter offset (read when DROPOUT)
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -305,6 +306,7 @@ def attention_bwd_dq_kernel(
     sdqb, sdqh, sdqm, sdqd,
     H, GROUP, Lq, Lk,
     scale,
+    Seed, Offset,  # the forward's Philox key and counter offset (read when DROPOUT)
     dropout_p,
     dropout_scale,
     D: tl.constexpr,

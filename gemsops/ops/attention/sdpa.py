@@ -285,10 +285,10 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, cau
     p, keep_scale = (0.0, 1.0) if drop is None else (drop.p, drop.scale)
     attention_fwd_kernel.launch(
         lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * Hq),
-        (query, key, value, bias if bias is not None else query, out, lse, seed, offset,
+        (query, key, value, bias if bias is not None else query, out, lse,
          *query.stride(), *key.stride(), *value.stride(), *_strides4(bias),
          *out.stride(), *lse.stride(),
-         Hq, Hq // Hkv, Lq, Lk, scale * 1.4426950408889634, p, keep_scale),
+         Hq, Hq // Hkv, Lq, Lk, scale * 1.4426950408889634, seed, offset, p, keep_scale),
         consts,
     )
 
@@ -334,18 +334,18 @@ def _backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
     )
     attention_bwd_dkdv_kernel.launch(
         lambda meta: (cdiv(Lk, meta["BLOCK_N"]), B * Hkv),
-        (query, key, value, bias_arg, grad_out, lse, delta, dk, dv, dbias_arg, seed, offset,
+        (query, key, value, bias_arg, grad_out, lse, delta, dk, dv, dbias_arg,
          *query.stride(), *key.stride(), *value.stride(), *bias_strides,
          *grad_out.stride(), *lse.stride(), *dk.stride(), *dv.stride(), *dbias_strides,
-         Hq, group, Lq, Lk, scale, p, keep_scale),
+         Hq, group, Lq, Lk, scale, seed, offset, p, keep_scale),
         _consts("dkdv", dtype, D, causal, bias is not None, dbias is not None, dropout),
     )
     attention_bwd_dq_kernel.launch(
         lambda meta: (cdiv(Lq, meta["BLOCK_M"]), B * Hq),
-        (query, key, value, bias_arg, grad_out, lse, delta, dq, seed, offset,
+        (query, key, value, bias_arg, grad_out, lse, delta, dq,
          *query.stride(), *key.stride(), *value.stride(), *bias_strides,
          *grad_out.stride(), *lse.stride(), *dq.stride(),
-         Hq, group, Lq, Lk, scale, p, keep_scale),
+         Hq, group, Lq, Lk, scale, seed, offset, p, keep_scale),
         _consts("dq", dtype, D, causal, bias is not None, dropout=dropout),
     )
     return dq, dk, dv, dbias
