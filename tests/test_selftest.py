@@ -196,3 +196,22 @@ def test_new_case_names_are_accepted_by_the_command(
                         ("__lshift__", "int32")]:
         assert any(line.split()[:3] == [name, dtype, "passed"] for line in out.splitlines())
     assert "5 passed, 0 failed" in out
+
+
+def test_a_biased_random_stream_fails_the_random_properties(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The random ops are checked by properties of any good stream: a bernoulli_ that
+    ignores p (all ones) fails them, with the smallest example."""
+
+    def all_ones(self: torch.Tensor, p: float = 0.5, *, generator: Any = None) -> torch.Tensor:
+        with registry.running():
+            return self.fill_(1.0)
+
+    monkeypatch.setitem(registry.implementations(), "bernoulli_.float", all_ones)
+    code, out, out_json = _selftest(tmp_path, capsys, "bernoulli", "float32", 5)
+    assert code == 1
+    assert "bernoulli      float32   failed" in out
+    row = _rows(out_json)["bernoulli", "float32"]
+    assert row["outcome"] == "failed"
+    assert row["example"].startswith("tensor(")
