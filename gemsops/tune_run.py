@@ -73,7 +73,15 @@ def render(rows: Iterable[Mapping[str, Any]], header: str) -> str:
             assert isinstance(old, dict)
             key = tuple(sorted((k, v) for k, v in old.items() if k != "config"))
             table[key] = old
+        configs = data.get("configs", [])
+        assert isinstance(configs, list)
         for row in by_op[op]:
+            if not row["when"]:
+                # A kernel without a key has one bucket, which a table row cannot name:
+                # its choice leads the configs instead (launched first, as a row would be).
+                chosen = _config_dict(row["config"])
+                configs = [chosen, *(c for c in configs if c != chosen)]
+                continue
             new: dict[str, Any] = dict(row["when"])
             if row["dtype"] is not None:
                 new["dtype"] = row["dtype"]
@@ -82,17 +90,16 @@ def render(rows: Iterable[Mapping[str, Any]], header: str) -> str:
         lines.append(f"[ops.{op}]")
         lines.append(f"# from {entry.source.path}; {len(by_op[op])} buckets measured")
         lines.append("configs = [")
-        configs = data.get("configs", [])
-        assert isinstance(configs, list)
         for config in configs:
             lines.append(f"    {_toml_value(config)},")
         lines.append("]")
         if "interpreter" in data:
             lines.append(f"interpreter = {_toml_value(data['interpreter'])}")
-        lines.append("table = [")
-        for item in table.values():
-            lines.append(f"    {_toml_value(item)},")
-        lines.append("]")
+        if table:
+            lines.append("table = [")
+            for item in table.values():
+                lines.append(f"    {_toml_value(item)},")
+            lines.append("]")
         heuristics = data.get("heuristics")
         if isinstance(heuristics, Mapping) and heuristics:
             lines.append(f"[ops.{op}.heuristics]")

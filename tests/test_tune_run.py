@@ -52,8 +52,13 @@ def test_tune_writes_a_file_whose_rows_the_kernels_then_launch(
     assert {"rms_norm", "softmax_rows", "cross_entropy"} <= ops
     assert ops & {"mm", "mm_persistent"}  # Hopper's products take the persistent kernel
     interpreted = gemshal.current_device().interpreter
+    # kernels without a key (the optimizers') have one bucket: their choice leads the
+    # configs, and their entry has no table
+    keyless = {op_name for op_name, when in tuned if when == "[]"}
+    tuned -= {(op_name, "[]") for op_name in keyless}
+    assert keyless <= ops
     for op_name, entry in parsed.ops.items():
-        assert entry.table, op_name
+        assert entry.table or op_name in keyless, op_name
         first = tune.lookup(op_name).configs[0]
         if interpreted:  # nothing is benchmarked there: each bucket keeps the first config
             assert all(row.config.meta == first.meta for row in entry.table), op_name
@@ -164,3 +169,21 @@ def test_progress_line_shows_a_slow_first_launch(
         monkeypatch.setenv("GEMS_PROGRESS", "maybe")
         with pytest.raises(ConfigError, match=r"GEMS_PROGRESS.*'maybe'"):
             k[(1,)](torch.empty(4), 100000)
+
+
+def test_a_keyless_kernels_choice_leads_its_configs_and_writes_no_table(tmp_path: Path) -> None:
+    """A kernel without a key (one bucket, which no table row can name) has its chosen
+    config written first in the entry's configs, and the file loads again."""
+    from gemsops.tune_run import render
+
+    first = tune.lookup("foreach").configs[0]
+    chosen = {"BLOCK": 4096, "num_warps": 8, "num_stages": 2}
+    assert dict(first.meta).get("BLOCK") != 4096
+    text = render([{"op": "foreach", "when": {}, "dtype": "float32", "config": chosen}], "h")
+    out = tmp_path / "keyless.toml"
+    out.write_text(text)
+    entry = loads(text, TuneSource(out, "user", "test")).ops["foreach"]
+    assert not entry.table
+    lead = entry.configs[0]
+    assert dict(lead.meta) == {"BLOCK": 4096} and lead.num_warps == 8 and lead.num_stages == 2
+    assert any(c.identity() == first.identity() for c in entry.configs[1:])
