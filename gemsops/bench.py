@@ -220,6 +220,33 @@ def _attention(b: int, hq: int, hkv: int, lq: int, lk: int, d: int, dtype: torch
                      flops=fwd * 7 // 2 if backward else fwd)
 
 
+def _llama_508m_shapes() -> list[tuple[int, ...]]:
+    """The parameter shapes of the width-2048 Llama (8 layers, 16 heads over 8 KV heads of
+    128, SwiGLU 5632, vocabulary 32000): 75 tensors, 508M elements."""
+    h, kv, f, v = 2048, 1024, 5632, 32000
+    layer = [(h, h), (kv, h), (kv, h), (h, h), (f, h), (f, h), (h, f), (h,), (h,)]
+    return [(v, h), *(layer * 8), (h,), (v, h)]
+
+
+def _optimizer(shapes: list[tuple[int, ...]], dtype: torch.dtype, *, fused: bool,
+               label: str) -> BenchCase:
+    """One ``torch.optim.AdamW`` step over parameters of ``shapes`` (foreach, torch's
+    default on accelerators, or fused); bytes: parameters, gradients and both moments
+    read, parameters and moments written."""
+
+    def make(dev: torch.device) -> Thunk:
+        params = [torch.randn(s, device=dev, dtype=dtype, requires_grad=True) for s in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-4, foreach=not fused, fused=fused)
+        return opt.step
+
+    numel = sum(math.prod(s) for s in shapes)
+    kind = "fused" if fused else "foreach"
+    return BenchCase("adamw", f"adamw {kind} {label}", dtype, make,
+                     bytes=_nbytes(dtype, 7 * numel))
+
+
 def cases(*, tiny: bool) -> list[BenchCase]:
     """The benchmark suite: the reference table's rows plus LLM-shaped ones."""
     bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
@@ -235,6 +262,7 @@ def cases(*, tiny: bool) -> list[BenchCase]:
             _backward("rms_norm", 4, 64, f32),
             _backward("softmax", 4, 64, f32),
             _attention(1, 2, 2, 32, 32, 16, f32, causal=True, backward=False),
+            _optimizer([(8, 16), (16,), (5,)], f32, fused=False, label="3 tensors"),
         ]
     return [
         _pointwise("add", torch.add, 2**28, bf16, 2),
@@ -279,6 +307,10 @@ def cases(*, tiny: bool) -> list[BenchCase]:
         _attention(4, 16, 16, 2048, 2048, 128, bf16, causal=True, backward=False),
         _attention(4, 16, 16, 2048, 2048, 128, bf16, causal=True, backward=True),
         _attention(4, 32, 8, 1, 4096, 128, bf16, causal=False, backward=False),
+        # The optimizer step of the width-2048 Llama (issue 27): torch's foreach AdamW
+        # (its default on accelerators) and the fused one.
+        *[_optimizer(_llama_508m_shapes(), bf16, fused=fused, label="508M Llama")
+          for fused in (False, True)],
     ]
 
 
