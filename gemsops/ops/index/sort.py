@@ -151,7 +151,7 @@ def sort(self: Tensor, dim: int = -1, descending: bool = False) -> tuple[Tensor,
 
     Raises:
         Unsupported: a dtype without a kernel (complex), or a row longer than
-            :data:`MAX_LENGTH`.
+            ``MAX_LENGTH``.
     """
     same_device(self)
     if self.dtype not in (*FLOAT_DTYPES, *INT_DTYPES, torch.bool):
