@@ -827,6 +827,18 @@ def _reduced_all(args: Args) -> int:
     return max(1, int(args[0].numel()))
 
 
+@st.composite
+def _isin_args(draw: st.DrawFn, dtype: torch.dtype) -> Args:
+    x = draw(tensors(dtypes=[dtype], specials=True))
+    drawn = draw(tensors(dtypes=[dtype], specials=True, max_rank=1)).reshape(-1)
+    picks = draw(st.lists(st.integers(0, max(0, x.numel() - 1)), max_size=4)) if x.numel() else []
+    return x, torch.cat([drawn, x.reshape(-1)[picks]]), draw(st.booleans())
+
+
+def _isin(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    return _isin_args(dtype)
+
+
 CASES: tuple[Case, ...] = (
     Case("add", _binary, torch.add, ("add",)),
     Case("sub", _binary, torch.sub, ("sub",)),
@@ -1027,6 +1039,8 @@ CASES: tuple[Case, ...] = (
     Case("native_dropout", _random, _dropout_call, ("native_dropout",)),
     Case("native_dropout_backward", _dropout_backward,
          torch.ops.aten.native_dropout_backward.default, ("native_dropout_backward",)),
+    Case("isin", _isin, lambda x, t, invert: torch.isin(x, t, invert=invert), ("isin",),
+         dtypes=(*FLOAT_DTYPES, *INT_DTYPES)),
 )
 """The ops checked, one line each."""
 
