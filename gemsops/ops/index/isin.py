@@ -35,7 +35,6 @@ from gemsops.ops.grid import cdiv
 __all__ = ["MAX_TEST", "isin"]
 
 MAX_TEST = 4096
-"""The largest test set the kernel loops over; a larger one is handed back to torch."""
 """The most test elements the loop kernel takes; a larger set is handed back to torch."""
 
 _BLOCK = 256
