@@ -31,7 +31,6 @@ from gemsops.ops.index.kernels import same_device, wrap_dim
 __all__ = ["MAX_LENGTH", "sort"]
 
 MAX_LENGTH = 4096
-"""The longest row a program sorts in registers; a longer one is handed back to torch."""
 """The longest row sorted; a longer one is handed back to torch."""
 
 _TILE = 4096
