@@ -14,7 +14,7 @@ torch's rounding. Half types are compared in float32 (exact). ``Tensor_Scalar`` 
 ``Scalar_Tensor`` put the number in a one-element device tensor of the common dtype
 (a fill, no host-to-device copy) and run the same kernel.
 
-A test set larger than :data:`MAX_TEST` is handed back to torch (which sorts): the
+A test set larger than ``MAX_TEST`` is handed back to torch (which sorts): the
 loop costs ``elements * test_elements`` comparisons. bool operands are handed back too
 (torch refuses them for the tensor overloads and compares with ``eq`` for a scalar).
 """
@@ -132,7 +132,7 @@ def isin(elements: Tensor | Number, test_elements: Tensor | Number, *,
 
     Raises:
         Unsupported: bool, complex or non-strided operands, operands on different
-            devices, two numbers, or more than :data:`MAX_TEST` test elements.
+            devices, two numbers, or more than ``MAX_TEST`` test elements.
     """
     del assume_unique
     if isinstance(elements, Tensor) and isinstance(test_elements, Tensor):

@@ -1,6 +1,6 @@
 """sort: the values of each row along a dim in order, with the indices they came from.
 
-A program sorts ROWS rows of up to :data:`MAX_LENGTH` elements in registers with a
+A program sorts ROWS rows of up to ``MAX_LENGTH`` elements in registers with a
 bitonic network over (key, index) pairs. Keys are integers that order as torch orders
 the values: a float's bits with the magnitude flipped when negative (so the signed key
 orders as the float), every nan (any sign or payload) the largest key and -0.0 the key
