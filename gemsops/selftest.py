@@ -839,6 +839,60 @@ def _isin(dtype: torch.dtype) -> st.SearchStrategy[Args]:
     return _isin_args(dtype)
 
 
+def _random_fill_call(kind: str) -> Callable[..., Any]:
+    """An in-place random fill's properties for any stream: the dtype kept, every value
+    in the fill's range (uniform_ in [-1, 2), random_ the integers 0..4, exponential_
+    above 0, normal_ finite), and a plausible share below the median."""
+
+    def call(x: torch.Tensor, p: float) -> torch.Tensor:
+        y = x.clone()
+        if kind == "uniform":
+            y.uniform_(-1.0, 2.0)
+        elif kind == "normal":
+            y.normal_(1.0, 2.0)
+        elif kind == "random":
+            y.random_(0, 5)
+        else:
+            y.exponential_(2.0)
+        with registry.running():
+            v = y.double()
+            ok = {"uniform": (v >= -1) & (v < 2), "normal": torch.isfinite(v),
+                  "random": (v >= 0) & (v <= 4) & (v == v.round()),
+                  "exponential": (v > 0) & torch.isfinite(v)}[kind]
+            median = {"uniform": 0.5, "normal": 1.0, "random": 2.5, "exponential": 0.3466}
+            q = 0.6 if kind == "random" else 0.5  # random_: 0, 1, 2 of 0..4
+            below = int((v < median[kind]).sum())
+            return torch.tensor([bool(ok.all()), y.dtype == x.dtype,
+                                 _plausible(below, v.numel(), q)])
+
+    return call
+
+
+@st.composite
+def _weights_args(draw: st.DrawFn, dtype: torch.dtype) -> Args:
+    shape = draw(st.sampled_from([(5,), (3, 7), (2, 40)]))
+    w = draw(tensors(shape=shape, dtypes=[dtype])).abs()
+    w[..., draw(st.integers(0, shape[-1] - 1))] = 1.0  # a positive weight in every row
+    return w, draw(st.integers(1, 4)), draw(st.booleans())
+
+
+def _weights(dtype: torch.dtype) -> st.SearchStrategy[Args]:
+    return _weights_args(dtype)
+
+
+def _multinomial_call(w: torch.Tensor, num: int, replacement: bool) -> torch.Tensor:
+    """``multinomial``'s properties for any stream: int64 indices of the right shape,
+    each of a positive weight, distinct within a row without replacement."""
+    with registry.running():
+        num = num if replacement else min(num, int((w > 0).sum(-1).min()))
+    x = torch.multinomial(w, num, replacement)
+    with registry.running():
+        rows, xs = w.reshape(-1, w.shape[-1]), x.reshape(-1, num)
+        distinct = replacement or all(len(set(r.tolist())) == num for r in xs)
+        return torch.tensor([x.dtype == torch.int64, x.shape == (*w.shape[:-1], num),
+                             bool((rows.gather(1, xs) > 0).all()), distinct])
+
+
 CASES: tuple[Case, ...] = (
     Case("add", _binary, torch.add, ("add",)),
     Case("sub", _binary, torch.sub, ("sub",)),
@@ -1041,6 +1095,9 @@ CASES: tuple[Case, ...] = (
          torch.ops.aten.native_dropout_backward.default, ("native_dropout_backward",)),
     Case("isin", _isin, lambda x, t, invert: torch.isin(x, t, invert=invert), ("isin",),
          dtypes=(*FLOAT_DTYPES, *INT_DTYPES)),
+    *(Case(f"{kind}_", _random, _random_fill_call(kind), (f"{kind}",))
+      for kind in ("uniform", "normal", "random", "exponential")),
+    Case("multinomial", _weights, _multinomial_call, ("multinomial",)),
 )
 """The ops checked, one line each."""
 
