@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import keyword
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,12 +143,15 @@ def test_vendor_and_user_unused_lists_combine(
 
 @pytest.mark.parametrize("overload", sorted(registry.implementations()))
 def test_every_implementation_takes_its_aten_schema(overload: str) -> None:
-    """Each served overload's function takes aten's arguments by aten's names, keyword-only
+    """Each served overload's function takes aten's arguments by aten's names (a name that
+    is a Python keyword, as uniform_'s ``from``, with a trailing underscore), keyword-only
     exactly where aten's are, with a default exactly where aten has one."""
     name, over = overload.split(".")
     schema = getattr(getattr(torch.ops.aten, name), over)._schema
     params = list(inspect.signature(registry.implementations()[overload]).parameters.values())
-    assert [p.name for p in params] == [a.name for a in schema.arguments]
+    aten_names = [f"{a.name}_" if keyword.iskeyword(a.name) else a.name
+                  for a in schema.arguments]
+    assert [p.name for p in params] == aten_names
     for p, a in zip(params, schema.arguments, strict=True):
         assert p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY), p.name
         assert (p.kind is p.KEYWORD_ONLY) == a.kwarg_only, p.name
