@@ -145,7 +145,7 @@ def test_every_served_op_has_a_case_or_a_reason() -> None:
     covered = {name for case in selftest.CASES for name in case.aten}
     missing = sorted(ops - covered - set(selftest.UNCHECKED))
     assert missing == [], (
-        f"ops served by gemsops with no case in gemsops/selftest.py CASES (add one, or "
+        f"ops served by gemsops with no case in gemsops/selftest/cases.py CASES (add one, or "
         f"name the op in UNCHECKED with the reason): {', '.join(missing)}"
     )
     stale = sorted((covered | set(selftest.UNCHECKED)) - ops)

@@ -1,0 +1,143 @@
+"""The command line: ``gemsops selftest``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import torch
+
+import gemshal
+from gemshal.kernel import AUTOTUNE_ENV
+from gemsops import registry
+from gemsops.selftest.cases import CASES
+from gemsops.selftest.records import DEFAULT_EXAMPLES, OUTCOMES, Case, Row
+from gemsops.selftest.runner import run
+
+__all__ = [
+    "add_parser",
+    "main",
+    "summary",
+]
+
+_OP_WIDTH = 14
+"""The op column's width; wider when a checked case's name is longer."""
+
+
+def _header(width: int = _OP_WIDTH) -> str:
+    return f"{'op':<{width}} {'dtype':<9} {'outcome':<16} {'examples':>8}  detail"
+
+
+def _line(row: Row, width: int = _OP_WIDTH) -> str:
+    detail = row.detail
+    if row.example:
+        detail = f"{detail}\n{'':<{width + 36}}smallest example: {row.example}"
+    return (f"{row.op:<{width}} {row.dtype:<9} {row.outcome:<16} {row.examples:>8}  "
+            f"{detail}").rstrip()
+
+
+def summary(rows: Sequence[Row]) -> dict[str, int]:
+    """How many rows ended in each outcome."""
+    return {outcome: sum(r.outcome == outcome for r in rows) for outcome in OUTCOMES}
+
+
+def add_parser(sub: Any) -> None:
+    """Add the ``selftest`` subcommand to the gemsops command line."""
+    p = sub.add_parser(
+        "selftest", help="check which ops pass on this device (the test suite's properties)"
+    )
+    p.add_argument(
+        "--ops",
+        help=f"comma-separated case names to check (default: all {len(CASES)}, which cover "
+        "every op `gemsops ops` lists; an unknown name prints the known ones)",
+    )
+    p.add_argument("--dtypes", help="comma-separated dtypes to check, e.g. bfloat16,float32")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.add_argument(
+        "--examples",
+        type=int,
+        default=DEFAULT_EXAMPLES,
+        metavar="N",
+        help=f"examples drawn per op and dtype (default: {DEFAULT_EXAMPLES})",
+    )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="benchmark every size bucket's configs, as GEMS_AUTOTUNE=all does (default: "
+        "launch the tuning tables' configs, benchmarking nothing: the check is of results, "
+        "and tuning every drawn shape would take most of its time)",
+    )
+    p.set_defaults(run=main)
+
+
+def _names(value: str | None) -> list[str] | None:
+    return None if value is None else [n.strip() for n in value.split(",") if n.strip()]
+
+
+def _selected(args: argparse.Namespace) -> tuple[list[Case], list[torch.dtype] | None]:
+    """The cases and dtypes the arguments pick, or a one-line exit naming a bad value."""
+    by_name = {case.op: case for case in CASES}
+    ops = _names(args.ops)
+    if ops is not None:
+        bad = [op for op in ops if op not in by_name]
+        if bad or not ops:
+            raise SystemExit(
+                f"gemsops selftest: unknown op(s) {bad}; known: {', '.join(sorted(by_name))}"
+            )
+    known = {str(d)[6:]: d for case in CASES for d in case.dtypes}
+    names = _names(args.dtypes)
+    dtypes = None
+    if names is not None:
+        names = [n.removeprefix("torch.") for n in names]
+        bad = [n for n in names if n not in known]
+        if bad or not names:
+            raise SystemExit(
+                f"gemsops selftest: unknown dtype(s) {bad}; known: {', '.join(sorted(known))}"
+            )
+        dtypes = [known[n] for n in names]
+    if args.examples < 1:
+        raise SystemExit(f"gemsops selftest: --examples must be at least 1, not {args.examples}")
+    cases = list(CASES) if ops is None else [by_name[op] for op in dict.fromkeys(ops)]
+    return cases, dtypes
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the self-test; print a row per op and dtype and a summary. 1 when any failed."""
+    from gemsops.bench import output_problem
+
+    problem = output_problem(args.json)
+    if problem:
+        raise SystemExit(f"gemsops selftest: {problem}")
+    cases, dtypes = _selected(args)
+    if AUTOTUNE_ENV not in os.environ:
+        # This process only (the command exits after): --tune benchmarks every bucket as
+        # a tuning run would; otherwise the tables' configs, nothing benchmarked.
+        os.environ[AUTOTUNE_ENV] = "all" if getattr(args, "tune", False) else "0"
+    dev = gemshal.current_device()
+    print(f"gemsops selftest on {dev.vendor.display_name} ({dev.name}), {args.examples} examples")
+    for overload, where in registry.overrides().items():
+        print(f"vendor override: {overload} <- {where}")
+    width = max([_OP_WIDTH, *(len(case.op) for case in cases)])
+    print(_header(width))
+    start = time.perf_counter()
+    rows = run(cases, dtypes, examples=args.examples,
+               on_row=lambda row: print(_line(row, width), flush=True))
+    counts = summary(rows)
+    took = time.perf_counter() - start
+    print(", ".join(f"{n} {outcome}" for outcome, n in counts.items()) + f" ({took:.1f} s)")
+    if args.json:
+        result = {
+            "device": dev.as_dict(),
+            "examples": args.examples,
+            "rows": [attrs.asdict(row) for row in rows],
+            "summary": counts,
+        }
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, indent=2)
+            fh.write("\n")
+    return 1 if counts["failed"] else 0
