@@ -33,7 +33,8 @@ from torch.nn import functional as F
 
 import gemshal
 from gemshal.kernel.compile import wait_compiles
-from gemsops.bench import BenchCase, Thunk, _nbytes, _timer, flag_gems, sides_of
+from gemsops.bench import _timer, flag_gems, sides_of
+from gemsops.bench_cases import BenchCase, Thunk, _nbytes
 from gemsops.bench_model import graph_skip_reason
 
 __all__ = ["CONFIGS", "ModelShape", "measure_suite", "suite_cases", "suite_lines"]

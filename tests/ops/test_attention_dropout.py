@@ -3,7 +3,7 @@ the backward regenerates from the forward's Philox state.
 
 Exactness, not statistics: every output and gradient is compared with a float64
 reference that applies the kernels' own mask, materialised from the same Philox state
-by ``sdpa._dropout_mask`` (the same RNG function the kernels call). The statistics of
+by ``dropout.dropout_mask`` (the same RNG function the kernels call). The statistics of
 the mask are checked once, over a large tensor with a fixed key and a bound many sigma
 wide. Shapes stay small: the CPU runs the kernels on Triton's interpreter.
 """
@@ -24,6 +24,7 @@ import gemshal
 import gemsops
 from gemsops.errors import GemsopsError, Unsupported
 from gemsops.ops.attention import sdpa as A
+from gemsops.ops.attention.dropout import dropout_mask
 from gemsops.ops.random.seed import philox_key
 from gemsops.testing.reference import reference
 from gemsops.testing.strategies import FLOAT_DTYPES, tensors
@@ -125,7 +126,7 @@ def _math(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
 
 def _keep(pr: dict[str, Any], key: Tensor, offset: Tensor) -> Tensor:
     B, Hq, Lq, _ = pr["q"].shape
-    return A._dropout_mask(key, offset, (B, Hq, Lq, pr["k"].shape[2]), pr["p"]).cpu()
+    return dropout_mask(key, offset, (B, Hq, Lq, pr["k"].shape[2]), pr["p"]).cpu()
 
 
 @settings(max_examples=14)
@@ -203,7 +204,7 @@ def test_the_kept_fraction_is_one_minus_p(p: float) -> None:
     last rows: the counters cover the whole [B, H, Lq, Lk] tile without reuse."""
     key = torch.tensor(0x5DEECE66D, dtype=torch.int64, device=DEVICE)
     offset = torch.tensor(-(2**40), dtype=torch.int64, device=DEVICE)
-    keep = A._dropout_mask(key, offset, (2, 2, 256, 256), p).cpu().double()
+    keep = dropout_mask(key, offset, (2, 2, 256, 256), p).cpu().double()
 
     def near(part: Tensor) -> None:
         n = part.numel()
