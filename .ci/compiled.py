@@ -40,6 +40,14 @@ KEEP_SETS: dict[str, list[str]] = {
              "_scaled_dot_product_efficient_attention_backward"],
 }
 KEEP_SETS["all"] = KEEP_SETS["matmul"] + KEEP_SETS["rest"]
+# One family each (issue 26: the default set keeps a family only where it measures faster
+# than Inductor's own kernels for it).
+KEEP_SETS["softmax"] = KEEP_SETS["rest"][:4]
+KEEP_SETS["loss"] = ["nll_loss_forward", "nll_loss_backward"]
+KEEP_SETS["norm"] = ["native_layer_norm", "native_layer_norm_backward"]
+KEEP_SETS["embedding"] = ["embedding_dense_backward"]
+KEEP_SETS["attention"] = ["_scaled_dot_product_efficient_attention",
+                          "_scaled_dot_product_efficient_attention_backward"]
 
 
 def _grads(model: Any) -> list[torch.Tensor]:
