@@ -42,6 +42,7 @@ __all__ = [
     "TINY_CONFIG",
     "Llama",
     "ModelConfig",
+    "capture",
     "graph_skip_reason",
     "measure_model",
     "model_lines",
@@ -152,8 +153,9 @@ def _timed(fn: Callable[[], Any], warmup: int, steps: int) -> tuple[float, Any]:
     return statistics.median(samples), out
 
 
-def _capture(fn: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
-    """Warm ``fn`` up on a side stream, then capture it; the graph and its static output."""
+def capture(fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """Warm ``fn`` up on a side stream, then capture it in a device graph; the graph and
+    its static output."""
     module = gemshal.device_module()
     stream = module.Stream()
     stream.wait_stream(module.current_stream())
@@ -243,7 +245,7 @@ def measure_model(cfg: ModelConfig) -> dict[str, Any]:
         for side, context in sides.items():
             try:
                 with context():
-                    captured, static_loss = _capture(forward)
+                    captured, static_loss = capture(forward)
             except RuntimeError as exc:  # reported per side, as a failed capture
                 first = (str(exc).strip().splitlines() or [""])[0][:300]
                 graph[f"{side}_error"] = f"{type(exc).__name__}: {first}"

@@ -31,11 +31,10 @@ import attrs
 import torch
 from torch.nn import functional as F
 
-import gemshal
 from gemshal.kernel.compile import wait_compiles
 from gemsops.bench import _timer, flag_gems, sides_of
 from gemsops.bench_cases import BenchCase, Thunk, _nbytes
-from gemsops.bench_model import graph_skip_reason
+from gemsops.bench_model import capture, graph_skip_reason
 
 __all__ = ["CONFIGS", "ModelShape", "measure_suite", "suite_cases", "suite_lines"]
 
@@ -256,21 +255,6 @@ def _warm(fn: Thunk, side: str) -> None:
         fn()
 
 
-def _capture(fn: Thunk) -> tuple[Any, Any]:
-    """Warm ``fn`` up on a side stream, then capture it in a device graph."""
-    module = gemshal.device_module()
-    stream = module.Stream()
-    stream.wait_stream(module.current_stream())
-    with module.stream(stream):
-        for _ in range(3):
-            fn()
-    module.current_stream().wait_stream(stream)
-    graph = module.CUDAGraph()
-    with module.graph(graph):
-        out = fn()
-    return graph, out
-
-
 def measure_suite(selected: list[BenchCase], *, dev: torch.device, interpreter: bool,
                   on_row: Callable[[list[dict[str, Any]]], None] = lambda rows: None
                   ) -> list[dict[str, Any]]:
@@ -292,7 +276,7 @@ def measure_suite(selected: list[BenchCase], *, dev: torch.device, interpreter: 
                 if no_graph is not None:
                     continue
                 try:
-                    graph, keep = _capture(fn)
+                    graph, keep = capture(fn)
                 except Exception as exc:  # a call that cannot be captured: say which
                     row[f"{side}_graph_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
                     continue

@@ -74,6 +74,18 @@ def _locate(Table, T, STEPS):
 
 
 @triton.jit
+def _span(Table, T, STEPS, FoundInf, HAS_INF: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's tensor, its element offsets and their mask (none in range where
+    ``HAS_INF`` and found_inf is 1: the update is skipped)."""
+    t, blk = _locate(Table, T, STEPS)
+    n = tl.load(Table + T + t)
+    if HAS_INF:
+        n = tl.where(tl.load(FoundInf).to(tl.float32) == 1.0, 0, n)
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    return t, offs, offs < n
+
+
+@triton.jit
 def _ptr(Table, slot, W):
     """The data pointer in table ``slot``, typed as the witness ``W``'s pointer."""
     return tl.load(Table + slot).to(W.dtype)
@@ -112,10 +124,7 @@ def foreach_kernel(
     ACC: tl.constexpr,  # compute dtype: float32, or float64 for float64 groups
     BLOCK: tl.constexpr,
 ):
-    t, blk = _locate(Table, T, STEPS)
-    n = tl.load(Table + T + t)
-    offs = blk * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    t, offs, mask = _span(Table, T, STEPS, Table, False, BLOCK)
     if NIN >= 1:
         a = tl.load(_ptr(Table, 2 * T + t, WA) + offs, mask=mask, other=1).to(ACC)
     if NIN >= 2:
@@ -209,13 +218,7 @@ def adam_kernel(
     WIDE: tl.constexpr,  # bias corrections: float64 where the device has it
     BLOCK: tl.constexpr,
 ):
-    t, blk = _locate(Table, T, STEPS)
-    n = tl.load(Table + T + t)
-    if HAS_INF:
-        # found_inf == 1 skips the update: no element is in range.
-        n = tl.where(tl.load(FoundInf).to(tl.float32) == 1.0, 0, n)
-    offs = blk * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    t, offs, mask = _span(Table, T, STEPS, FoundInf, HAS_INF, BLOCK)
     if LR_TENSOR:  # noqa: SIM108 - a static if in Triton, not a select
         lr_w = tl.load(LR).to(WIDE)
     else:
@@ -285,13 +288,7 @@ def sgd_kernel(
     ACC: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    t, blk = _locate(Table, T, STEPS)
-    n = tl.load(Table + T + t)
-    if HAS_INF:
-        # found_inf == 1 skips the update: no element is in range.
-        n = tl.where(tl.load(FoundInf).to(tl.float32) == 1.0, 0, n)
-    offs = blk * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    t, offs, mask = _span(Table, T, STEPS, FoundInf, HAS_INF, BLOCK)
     if LR_TENSOR:  # noqa: SIM108 - a static if in Triton, not a select
         lr = tl.load(LR).to(ACC)
     else:

@@ -42,6 +42,7 @@ from gemsops.ops.rowwise.layout import (
 )
 from gemsops.ops.rowwise.stats import _var_mean
 from gemsops.ops.rowwise.tiles import chunk_tile, launch, mid_block, row_block, split_bounds
+from gemsops.ops.rowwise.value import _max_nan, _min_nan
 
 __all__ = ["linalg_vector_norm", "norm", "std", "std_mean", "var"]
 
@@ -140,16 +141,6 @@ def _std_mean_out(self: Tensor, dim: Sequence[int] | None = None, *,
 
 TWO, ONE, MAX, MIN, COUNT, POWER = 0, 1, 2, 3, 4, 5
 """The KIND codes of the norm kernels: ord 2, 1, inf, -inf, 0 and any other p."""
-
-
-@triton.jit
-def _max_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
-def _min_nan(a, b):
-    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
