@@ -1,8 +1,8 @@
 # Sourced by the .ci/gpu_* scripts. The device tool returns at most 8 files from $OUT, so
 # every part's output goes into one log, $OUT/log.txt, appended as each part ends (a call
 # cut at its limit still returns the parts done), and a one-line summary goes to stdout.
-# `part NAME LIMIT CMD...` runs CMD under `timeout LIMIT`; `fresh CMD...` runs CMD with
-# empty Triton and native-build caches.
+# `part NAME LIMIT CMD...` runs CMD under `timeout LIMIT` (CMD is a program, not a shell
+# function: `part NAME LIMIT .ci/fresh CMD...` runs CMD with empty caches).
 OUT="${OUT:-gpu-out}"
 mkdir -p "$OUT"
 _PARTS="$(mktemp -d)"
@@ -15,4 +15,3 @@ part() {
     { echo "===== $name"; cat "$_PARTS/$name.txt"; } >> "$OUT/log.txt"
     echo "part $name rc=$rc wall=$((SECONDS - t))s (at ${SECONDS}s)"
 }
-fresh() { XDG_CACHE_HOME="$(mktemp -d)" TRITON_CACHE_DIR="$(mktemp -d)" "$@"; }

@@ -182,14 +182,21 @@ def test_the_autograd_key_leaves_recorded_calls_to_python(native_on: Any) -> Non
     assert after["unkeyed"] == before["unkeyed"] + 1
     assert after["misses"] == before["misses"]
     with torch.no_grad():
-        for _ in range(2):
+        if t.is_cpu:
+            for _ in range(2):
+                assert F.cross_entropy(x, t).grad_fn is None
+        else:
+            # The grad-free forward is its own kernel variant (no row statistics): its
+            # first launch is checked before a recipe is made, so one or two misses.
+            _until_native(lambda: F.cross_entropy(x, t), name)
             assert F.cross_entropy(x, t).grad_fn is None
     last = native.stats()[name]
-    assert last["misses"] == after["misses"] + 1
     if t.is_cpu:
+        assert last["misses"] == after["misses"] + 1
         assert (last["refused"], last["hits"]) == (after["refused"] + 1, after["hits"])
     else:
-        assert (last["refused"], last["hits"]) == (after["refused"], after["hits"] + 1)
+        assert after["misses"] + 1 <= last["misses"] <= after["misses"] + 2
+        assert (last["refused"], last["hits"]) == (after["refused"], after["hits"] + 2)
 
 
 def test_a_norm_backward_replays_per_output_mask(native_on: Any) -> None:
