@@ -260,7 +260,7 @@ def test_fills_are_served_inside_use_gems() -> None:
 
 
 def test_hf_generate_is_served() -> None:
-    """HF generate on a tiny Llama, greedy and top-k sampling (what /tmp/tr/gen.py runs):
+    """HF generate on a tiny Llama on the target device, greedy and top-k sampling:
     isin, multinomial and the init fills are all served, nothing is left unimplemented
     among them. Needs transformers (not a CI dependency)."""
     tf = pytest.importorskip("transformers")
@@ -272,7 +272,8 @@ def test_hf_generate_is_served() -> None:
                              num_key_value_heads=1, max_position_embeddings=64)
         torch.manual_seed(0)
         model = tf.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").eval()
-        ids = torch.randint(0, 96, (1, 8))
+        model = model.to(target_device())
+        ids = torch.randint(0, 96, (1, 8)).to(target_device())
         with torch.no_grad():
             model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)
             model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=True, top_k=20)
