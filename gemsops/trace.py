@@ -15,7 +15,9 @@ served by torch because its kernel was compiling) under :func:`gemsops.record` a
   allocation without compute are left out), and those it implements but this
   registration leaves out (an ``unused`` list);
 * composite overloads torch runs through other aten ops (``zeros`` through ``zero_``), which
-  the lines above already count.
+  the lines above already count;
+* ops of other namespaces (``profiler::_record_function_enter_new``, a vision library's
+  version query): gemsops serves aten ops only, so these are listed, not counted as gaps.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class TraceReport:
         not_implemented: Compute overload gemsops has no implementation of -> calls.
         left_out: Overload gemsops implements but this registration does not serve -> calls.
         composite: Overload torch runs through other aten ops -> calls.
+        other: ``namespace::overload`` of a namespace other than aten -> calls.
     """
 
     served: dict[str, int]
@@ -63,6 +66,7 @@ class TraceReport:
     not_implemented: dict[str, int]
     left_out: dict[str, int]
     composite: dict[str, int]
+    other: dict[str, int] = attrs.field(factory=dict)
 
     def lines(self) -> list[str]:
         """The report as text, one line per overload."""
@@ -82,6 +86,9 @@ class TraceReport:
         if self.composite:
             out.append("composite (torch runs them through the ops above): "
                        + ", ".join(f"{op} x{n}" for op, n in sorted(self.composite.items())))
+        if self.other:
+            out.append("not aten (gemsops serves aten ops only): "
+                       + ", ".join(f"{op} x{n}" for op, n in sorted(self.other.items())))
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -93,6 +100,7 @@ class TraceReport:
             "not_implemented": self.not_implemented,
             "left_out": self.left_out,
             "composite": self.composite,
+            "other": self.other,
         }
 
 
@@ -110,11 +118,15 @@ def _op_log(key: str) -> Any:
             super().__init__()  # type: ignore[no-untyped-call]
             self.ops: Counter[str] = Counter()
             self.composite: Counter[str] = Counter()
+            self.other: Counter[str] = Counter()
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             packet = func.overloadpacket.__name__
+            if func.namespace != "aten":
+                self.other[f"{func.namespace}::{packet}.{func._overloadname}"] += 1
+                return func(*args, **kwargs)
             if packet in NOT_COMPUTE:
                 return func(*args, **kwargs)
             name = f"{packet}.{func._overloadname}"
@@ -173,7 +185,8 @@ def trace(workload: Callable[[], Any]) -> TraceReport:
         # else: served at the autograd key, above the log (cross_entropy_loss's parts)
     composite = {op: n for op, n in sorted(log.composite.items())
                  if op not in served and op not in handed}
-    return TraceReport(served, dict(rec.fallbacks), not_implemented, left_out, composite)
+    return TraceReport(served, dict(rec.fallbacks), not_implemented, left_out, composite,
+                       dict(sorted(log.other.items())))
 
 
 def add_parser(sub: Any) -> None:

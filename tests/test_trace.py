@@ -18,6 +18,8 @@ x = torch.randn(8, 8, device=dev)
 y = (x + 1).softmax(-1)
 z = torch.linalg.inv(x @ x.t() + 8 * torch.eye(8, device=dev))
 c = torch.tensor([1j, 2.0], device=dev) * torch.tensor([3.0, 1j], device=dev)
+with torch.autograd.profiler.record_function("marker"):
+    pass
 print("script ran with", sys.argv[1:])
 """
 
@@ -28,7 +30,8 @@ def test_trace_lists_served_handed_back_and_missing_ops(
     """A script whose softmax gemsops serves, whose complex product it hands back, and
     whose matrix inverse it does not implement: each lands in its section, with its
     count and the reason, on stdout and in the JSON; randn, a composite, is listed as one,
-    its normal_ served; the script gets its arguments."""
+    its normal_ served; a profiler marker is listed as not aten, not as a gap; the script
+    gets its arguments."""
     script = tmp_path / "work.py"
     script.write_text(SCRIPT)
     out = tmp_path / "trace.json"
@@ -46,6 +49,9 @@ def test_trace_lists_served_handed_back_and_missing_ops(
     assert report["served"]["normal_.default"] >= 1  # inside randn, a composite
     assert "randn.default" in report["composite"]
     assert not set(report["not_implemented"]) & set(report["served"])
+    assert not any("record_function" in op for op in report["not_implemented"])
+    assert report["other"]["profiler::_record_function_enter_new.default"] == 1
+    assert "not aten (gemsops serves aten ops only): profiler::" in printed
 
 
 def test_trace_refuses_a_missing_script_and_a_bad_json_path(

@@ -828,3 +828,15 @@ def test_size_one_dims_get_torchs_output_strides(sizes: list[int], odd: list[int
             got = call(x)
         assert rec.served and not rec.fallbacks, rec.summary()
         assert got.stride() == expected, (sizes, strides)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_neg_flips_the_sign_bit(dtype: torch.dtype) -> None:
+    """neg flips the sign bit, as torch's does: -(+0.0) is -0.0 and -(-0.0) is +0.0 (a
+    ``0 - x``, which Triton 3.6 makes of unary minus, gives +0.0 for both), infinities
+    swap, and every finite value negates exactly."""
+    x = torch.tensor([0.0, -0.0, 1.5, -2.0, math.inf, -math.inf, 1e-30, 65504.0], dtype=dtype)
+    got = pw.neg(x.to(target_device())).cpu()
+    want = torch.neg(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert torch.equal(got.signbit(), want.signbit())

@@ -376,8 +376,7 @@ def test_binary(name: str, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
     try:
         _compare(name, ours, theirs, a, b)
     except Unsupported:
-        # by design: nextafter of half types; fmod of quotients of 2^52 and more
-        assert name == "nextafter" or name in ("fmod", "remainder")
+        assert name == "nextafter"  # by design: nextafter of half types
 
 
 SPECIAL_GRID = [0.0, -0.0, 1.0, -1.0, 2.5, -3.0, 1e-30, 1e30, math.inf, -math.inf, math.nan]
@@ -394,9 +393,6 @@ def test_binary_special_grid(name: str, dtype: torch.dtype) -> None:
     grid = torch.tensor(SPECIAL_GRID, dtype=dtype)
     a = grid.repeat_interleave(len(SPECIAL_GRID)).to(target_device())
     b = grid.repeat(len(SPECIAL_GRID)).to(target_device())
-    if name in ("fmod", "remainder"):  # quotients of 2^52 and more: handed back (below)
-        keep = (a.abs() != 1e30) & (b.abs() != 1e-30)
-        a, b = a[keep], b[keep]
     if not torch_accepts(theirs, a, b) or (name == "nextafter" and dtype in (
             torch.float16, torch.bfloat16)):
         with pytest.raises(Unsupported):
@@ -411,24 +407,54 @@ def test_binary_special_grid(name: str, dtype: torch.dtype) -> None:
 
 
 def test_fmod_integer_division_by_zero_and_huge_quotients() -> None:
-    """An integer fmod or remainder by a zero the host can see is handed back (torch
-    raises); so is a float quotient of 2^52 or more on the CPU, where fmod's truncated
-    quotient would no longer be exact. Scalar divisors take the divisor's dtype first."""
+    """An integer fmod or remainder by a zero the host can see is handed back (torch's CPU
+    kernel raises; a device divisor is not read back, so its zeros give the device's
+    value, as torch's CUDA kernel does). A float quotient of 2^52 and more, up to 1e60,
+    gives torch's remainder exactly. Scalar divisors take the divisor's dtype first."""
     dev = target_device()
     i = torch.tensor([7, -7, 3], dtype=torch.int32, device=dev)
-    for fn in (bm.fmod, bm.remainder):
+    for fn, theirs in ((bm.fmod, torch.fmod), (bm.remainder, torch.remainder)):
         with pytest.raises(Unsupported):
             fn(i, 0)
-        with pytest.raises(Unsupported):
-            fn(i, torch.tensor([1, 0, 2], dtype=torch.int32, device=dev))
-        with pytest.raises(Unsupported):
-            fn(torch.tensor([1e30], device=dev), 1e-30)
+        if dev.type == "cpu":
+            with pytest.raises(Unsupported):
+                fn(i, torch.tensor([1, 0, 2], dtype=torch.int32, device=dev))
+        for dtype in (torch.float32, torch.float64):
+            a = torch.tensor([1e30, -1e30, 3e38, 1e-30, 7.0], dtype=dtype)
+            b = torch.tensor([1e-30, 1e-30, 1e-38, 3e-45, -1e-30], dtype=dtype)
+            got = fn(a.to(dev), b.to(dev)).cpu()
+            torch.testing.assert_close(got, theirs(a, b), rtol=0, atol=0)
+            assert torch.equal(got.signbit(), theirs(a, b).signbit())
     x = torch.tensor([7.5, -7.5, 1e6, -0.0], dtype=torch.bfloat16, device=dev)
     for fn, theirs in ((bm.fmod, torch.fmod), (bm.remainder, torch.remainder)):
         for divisor in (0.3, -2, 2.5):
             torch.testing.assert_close(fn(x, divisor), theirs(x, divisor), rtol=0, atol=0)
         check(fn(i, -2), theirs, i, -2)
     check(bm.remainder(5, i), torch.remainder, 5, i)
+
+
+@FEW
+@given(dtype=st.sampled_from([torch.float32, torch.float64]), data=st.data())
+def test_fmod_is_exact_at_every_quotient(dtype: torch.dtype, data: st.DataObject) -> None:
+    """fmod and remainder of finite pairs drawn across the dtype's whole exponent range
+    (so quotients up to 2^2000 in float64, and subnormals) equal torch's CPU result bit
+    for bit, signed zeros included: the long division takes the quotients the one-fma
+    remainder cannot."""
+    info = torch.finfo(dtype)
+    lo, hi = math.log2(info.smallest_normal) - 20, math.log2(info.max) - 1
+    exps = data.draw(st.lists(st.floats(lo, hi), min_size=2, max_size=2 * 16))
+    mants = data.draw(st.lists(st.floats(-2, 2).filter(lambda m: abs(m) > 0.01),
+                               min_size=len(exps), max_size=len(exps)))
+    v = torch.tensor([m * 2.0 ** e for m, e in zip(mants, exps, strict=True)],
+                     dtype=torch.float64).to(dtype)
+    half = len(v) // 2
+    a, b = v[:half], v[half:2 * half]
+    b = torch.where(b == 0, torch.ones_like(b), b)
+    for fn, theirs in ((bm.fmod, torch.fmod), (bm.remainder, torch.remainder)):
+        got = fn(a.to(target_device()), b.to(target_device())).cpu()
+        want = theirs(a, b)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(got.signbit(), want.signbit())
 
 
 @pytest.mark.parametrize("name", ["bitwise_left_shift", "bitwise_right_shift"])

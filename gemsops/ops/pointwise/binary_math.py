@@ -28,7 +28,7 @@ from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, Number
 from gemsops.ops.pointwise import elementwise as M
 from gemsops.ops.pointwise.arith import _has_zero
-from gemsops.ops.pointwise.elementwise import _exp_precise, _fdiv, _fmod, _sqrt_rn
+from gemsops.ops.pointwise.elementwise import _exp_precise, _fdiv, _flip_sign, _fmod, _sqrt_rn
 from gemsops.ops.pointwise.iterator import run
 from gemsops.ops.pointwise.math import atan_body, log1p_body
 from gemsops.ops.pointwise.types import NO_BOOL, result_type
@@ -73,7 +73,7 @@ def _atan2(y, x):
     a = atan_body(t)
     a = tl.where(ay > ax, 1.5707963267948966 - a, a)
     a = tl.where(_negative(x), 3.141592653589793 - a, a)
-    return tl.where(_negative(y), -a, a)
+    return tl.where(_negative(y), _flip_sign(a), a)
 
 
 @triton.jit
@@ -89,8 +89,14 @@ def _hypot(a, b):
 
 @triton.jit
 def _copysign(a, b):
-    m = tl.abs(a)
-    return tl.where(_negative(b), -m, m)
+    # by the bits: a's magnitude (a nan's payload too) under b's sign bit, as C's
+    if a.dtype == tl.float64:
+        r = ((a.to(tl.uint64, bitcast=True) & 0x7FFFFFFFFFFFFFFF)
+             | (b.to(tl.uint64, bitcast=True) & 0x8000000000000000)).to(tl.float64, bitcast=True)
+    else:
+        r = ((a.to(tl.uint32, bitcast=True) & 0x7FFFFFFF)
+             | (b.to(tl.uint32, bitcast=True) & 0x80000000)).to(tl.float32, bitcast=True)
+    return r
 
 
 @triton.jit
@@ -113,9 +119,62 @@ def _xlogy(x, y):
 
 
 @triton.jit
+def _pow2(j, like):
+    """2^j from its exponent bits, for 0 <= j <= 1000 (float64) or j <= 120 (float32)."""
+    if like.dtype == tl.float64:
+        r = ((j.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
+    else:
+        r = ((j + 127) << 23).to(tl.float32, bitcast=True)
+    return r
+
+
+@triton.jit
+def _exponent(x):
+    """floor(log2(x)) of a finite x > 0 as int32, subnormals scaled up by 2^64 first."""
+    if x.dtype == tl.float64:
+        tiny = x < 2.2250738585072014e-308
+        s = tl.where(tiny, x * 18446744073709551616.0, x)
+        e = ((s.to(tl.int64, bitcast=True) >> 52) & 0x7FF).to(tl.int32) - 1023
+    else:
+        tiny = x < 1.1754943508222875e-38
+        s = tl.where(tiny, x * 18446744073709551616.0, x)
+        e = ((s.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    return e - tl.where(tiny, 64, 0)
+
+
+@triton.jit
+def _fmod_long(a, b, r):
+    """``r`` (the one-fma remainder, exact while ``|a / b|`` is below 2^52 in float64 or
+    2^24 in float32), or, where the quotient is larger, the remainder by long division:
+    ``|a|`` less the largest ``|b| * 2^k`` not above it, once per binade, until it is
+    below ``|b|``. Each subtraction is exact (the two are within a factor of 2), so the
+    result is C's fmod for every finite pair; a block whose quotients are all small
+    skips the loop after one check."""
+    x = tl.abs(a)
+    y = tl.abs(b)
+    if a.dtype == tl.float64:
+        limit = 4503599627370496.0  # 2^52
+        step = 1000
+    else:
+        limit = 16777216.0  # 2^24
+        step = 120
+    big = (x < _INF) & (y > 0) & (x >= y * limit)
+    todo = big
+    while tl.max(todo.to(tl.int32), axis=None) > 0:
+        k = tl.maximum(_exponent(tl.where(todo, x, 1.0)) - _exponent(tl.where(todo, y, 1.0)), 0)
+        k1 = tl.minimum(k, step)
+        k2 = tl.minimum(k - k1, step)
+        yk = y * _pow2(k1, x) * _pow2(k2, x) * _pow2(k - k1 - k2, x)  # exact: powers of 2
+        yk = tl.where(yk > x, yk * 0.5, yk)
+        x = tl.where(todo, x - yk, x)
+        todo = todo & (x >= y)
+    return tl.where(big, _copysign(x, a), r)
+
+
+@triton.jit
 def _fmod_signed(a, b):
     # C's fmod; a zero remainder takes the dividend's sign (fmod(-1, 1) is -0.0).
-    r = _fmod(a, b)
+    r = _fmod_long(a, b, _fmod(a, b))
     return tl.where(r == 0, a * 0.0, r)
 
 
@@ -130,7 +189,8 @@ def _fmod_body(a, b):
 
 @triton.jit
 def _fmod_wide(a, b):
-    # float32 computed in float64: the truncated quotient stays exact up to 2^53, not 2^24.
+    # float32 computed in float64: the one-fma remainder is exact to quotients of 2^52, not
+    # 2^24, so fewer blocks take the long division.
     return _fmod_signed(a.to(tl.float64), b.to(tl.float64)).to(a.dtype)
 
 
@@ -287,31 +347,6 @@ def _declare(name: str, doc: str, *, scalar: Iterable[str] = (), inplace: bool =
         _function(name, doc, check))
 
 
-_EXACT_QUOTIENT = 2.0**52
-"""fmod is exact while ``|a / b|`` stays below this (its truncated quotient, in float64)."""
-
-
-def _magnitudes(x: Value) -> tuple[float, float] | None:
-    """(largest finite |x|, least nonzero finite |x|) of a number or a CPU tensor,
-    read without a torch op (so without re-entering gemsops); None where it cannot be
-    seen without a device sync, or holds no such value."""
-    import numpy as np
-
-    if isinstance(x, Tensor):
-        if x.device.type != "cpu":
-            return None
-        t = x.detach()
-        if t.dtype == torch.bfloat16:  # numpy has no bfloat16: its bits, widened
-            bits = t.view(torch.int16).numpy().astype(np.int32) << 16
-            v = np.abs(bits.view(np.float32).astype(np.float64))
-        else:
-            v = np.abs(t.numpy().astype(np.float64))
-    else:
-        v = np.abs(np.array([float(x)]))
-    v = v[np.isfinite(v) & (v != 0)]
-    return (float(v.max()), float(v.min())) if v.size else None
-
-
 def _fmod_check(name: str) -> Check:
     def check(self: Value, other: Value) -> Op | None:
         common = result_type([self, other])
@@ -319,9 +354,6 @@ def _fmod_check(name: str) -> Check:
             if _has_zero(other):
                 raise Unsupported("integer division by zero")  # torch's CPU kernel raises
             return None
-        top, low = _magnitudes(self), _magnitudes(other)
-        if top is not None and low is not None and top[0] >= low[1] * _EXACT_QUOTIENT:
-            raise Unsupported(f"{name} with a quotient of 2^52 or more")  # not exact here
         if common != torch.float64 and gemshal.current_vendor().capabilities.supports(
                 torch.float64):
             return BINARY_MATH[f"{name}_wide"]

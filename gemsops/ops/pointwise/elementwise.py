@@ -29,6 +29,20 @@ _INF = tl.constexpr(float("inf"))
 
 
 @triton.jit
+def _flip_sign(x):
+    """``-x`` by its sign bit, so ``-(+0.0)`` is ``-0.0`` and a nan's sign flips, as
+    torch's neg does. Triton 3.6 lowers unary minus on a float to ``0 - x`` (measured on
+    the H200: copysign and atan2 gave +0.0 for -0.0); later versions emit a negation."""
+    if x.dtype == tl.float64:
+        r = (x.to(tl.uint64, bitcast=True) ^ 0x8000000000000000).to(tl.float64, bitcast=True)
+    elif x.dtype == tl.float32:
+        r = (x.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
+    else:
+        r = -x
+    return r
+
+
+@triton.jit
 def _fdiv(a, b):
     # Triton's `/` on float32 may be the fast 2-ulp division; torch divides exactly.
     if b.dtype == tl.float32:  # noqa: SIM108 - a static if in Triton, not a select
@@ -222,7 +236,7 @@ def div_floor(a, b):
 
 @triton.jit
 def neg(a):
-    return -a
+    return _flip_sign(a)
 
 
 @triton.jit

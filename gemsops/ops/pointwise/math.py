@@ -27,7 +27,7 @@ from torch import Tensor
 
 from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops.pointwise.elementwise import _exp_precise, _fdiv, _sqrt_rn
+from gemsops.ops.pointwise.elementwise import _exp_precise, _fdiv, _flip_sign, _sqrt_rn
 from gemsops.ops.pointwise.iterator import run, unary_function
 from gemsops.ops.pointwise.types import PointwiseOp as Op
 from gemsops.ops.pointwise.types import Promotion as P
@@ -49,7 +49,7 @@ _LN2 = tl.constexpr(0.6931471805599453)
 @triton.jit
 def _odd(r, x):
     """``r`` (computed from ``|x|``) with the sign of ``x``; ``+-0`` gives ``x`` itself."""
-    return tl.where(x < 0, -r, tl.where(x == 0, x, r))
+    return tl.where(x < 0, _flip_sign(r), tl.where(x == 0, x, r))
 
 
 @triton.jit
