@@ -43,9 +43,11 @@ NOT_COMPUTE = frozenset({
     "resize_", "_has_compatible_shallow_copy_type", "item", "dim", "size", "stride",
     "numel", "is_nonzero", "equal", "contiguous", "_unsafe_split",
     "view_as_real", "view_as_complex", "_conj", "_neg_view", "diagonal", "movedim",
-    "unfold", "_reshape_copy", "lift_fresh_copy",
+    "unfold", "_reshape_copy", "lift_fresh_copy", "_cuda_version", "cuda_version",
+    "is_align_available",
 })
-"""Overload packets (``aten::view``...) that compute nothing: views, metadata, allocation."""
+"""Overload packets (``aten::view``...) that compute nothing: views, metadata, allocation,
+version and capability queries."""
 
 
 @attrs.frozen

@@ -271,9 +271,9 @@ def test_hf_generate_is_served() -> None:
                              num_hidden_layers=1, num_attention_heads=2,
                              num_key_value_heads=1, max_position_embeddings=64)
         torch.manual_seed(0)
-        model = tf.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").eval()
-        model = model.to(target_device())
-        ids = torch.randint(0, 96, (1, 8)).to(target_device())
+        with torch.device(target_device()):  # the init fills run on the device too
+            model = tf.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").eval()
+            ids = torch.randint(0, 96, (1, 8))
         with torch.no_grad():
             model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)
             model.generate(ids, max_new_tokens=2, min_new_tokens=2, do_sample=True, top_k=20)
