@@ -215,3 +215,29 @@ def test_a_biased_random_stream_fails_the_random_properties(
     row = _rows(out_json)["bernoulli", "float32"]
     assert row["outcome"] == "failed"
     assert row["example"].startswith("tensor(")
+
+
+def test_prepare_queues_the_checks_compiles_and_leaves_them_passing() -> None:
+    """prepare() runs each check with its examples and first launches deferred (the pool
+    held, as a device's compiles would be): every case queues at least one compile and
+    its calls go to torch meanwhile; once the pool has run, the checks pass, served by
+    gemsops. On the interpreter without a held pool it runs nothing."""
+    from gemshal import tune
+    from gemshal.kernel import compile as _compile
+    from gemsops.selftest.cases import CASES
+    from gemsops.selftest.runner import prepare, run
+
+    cases = [c for c in CASES if c.op in ("neg", "softmax", "mm")]
+    assert len(cases) == 3
+    assert prepare(cases, [torch.float32]) == 0  # the interpreter: nothing to compile
+    tune.clear_cache()  # a new tuning generation: what earlier tests launched is forgotten
+    with _compile.hold() as release:
+        before = _compile.submitted()
+        started = prepare(cases, [torch.float32], examples=3)
+        assert started >= len(cases)
+        assert _compile.submitted() - before == started
+        release()
+        assert _compile.wait_compiles(60)
+    rows = run(cases, [torch.float32], examples=3)
+    assert [(r.op, r.outcome) for r in rows] == [(c.op, "passed") for c in cases]
+    assert all(r.served for r in rows)

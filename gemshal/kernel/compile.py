@@ -57,10 +57,12 @@ __all__ = [
     "hold",
     "mode",
     "pending",
+    "prefetching",
     "prewarm",
     "prewarmed",
     "settle",
     "submit",
+    "submitted",
     "threads",
     "wait_compiles",
     "waiting",
@@ -189,7 +191,24 @@ def may_defer() -> bool:
     threads()  # read wherever the mode is, so a bad value fails on every path
     if _HOLD[0] is not None:
         return True
-    return chosen == "background" and not _capturing()
+    return (chosen == "background" or _PREFETCH[0] > 0) and not _capturing()
+
+
+_PREFETCH = [0]
+
+
+@contextlib.contextmanager
+def prefetching() -> Iterator[None]:
+    """Inside the block (process-wide), first launches inside :func:`deferring` compile on
+    the pool whatever the mode, :func:`waiting` included, and their calls are served
+    another way: a warm-up pass that only queues compiles, so that the pass after it
+    (inside :func:`waiting`, once :func:`wait_compiles` returns) finds them built. The
+    conformance command runs one before it checks."""
+    _PREFETCH[0] += 1
+    try:
+        yield
+    finally:
+        _PREFETCH[0] -= 1
 
 
 # --- the pool ----------------------------------------------------------------------------
@@ -283,9 +302,18 @@ def _at_exit() -> None:
 atexit.register(_at_exit)
 
 
+_SUBMITTED = [0]
+
+
 def submit(fn: Callable[[], Any]) -> Future[Any]:
     """Run ``fn`` (a compile) on a worker thread; its future holds the result or error."""
+    _SUBMITTED[0] += 1
     return _POOL.submit(fn)
+
+
+def submitted() -> int:
+    """How many compiles this process has submitted to the pool."""
+    return _SUBMITTED[0]
 
 
 def settle(future: Future[Any]) -> bool:

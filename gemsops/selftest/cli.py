@@ -14,10 +14,11 @@ import torch
 
 import gemshal
 from gemshal.kernel import AUTOTUNE_ENV
+from gemshal.kernel.compile import threads
 from gemsops import registry
 from gemsops.selftest.cases import CASES
 from gemsops.selftest.records import DEFAULT_EXAMPLES, OUTCOMES, Case, Row
-from gemsops.selftest.runner import run
+from gemsops.selftest.runner import prepare, run
 
 __all__ = [
     "add_parser",
@@ -123,8 +124,12 @@ def main(args: argparse.Namespace) -> int:
     for overload, where in registry.overrides().items():
         print(f"vendor override: {overload} <- {where}")
     width = max([_OP_WIDTH, *(len(case.op) for case in cases)])
-    print(_header(width))
     start = time.perf_counter()
+    if not dev.interpreter:
+        print(f"compiling the checks' kernels first, on {threads()} threads...", flush=True)
+        started = prepare(cases, dtypes, examples=args.examples)
+        print(f"{started} kernels compiled in {time.perf_counter() - start:.1f} s", flush=True)
+    print(_header(width))
     rows = run(cases, dtypes, examples=args.examples,
                on_row=lambda row: print(_line(row, width), flush=True))
     counts = summary(rows)

@@ -149,6 +149,35 @@ def check(case: Case, dtype: torch.dtype, *, examples: int) -> Row:
     return Row(case.op, name, "passed", calls, "; ".join(notes)[:300], served=ops)
 
 
+def prepare(cases: Sequence[Case], dtypes: Sequence[torch.dtype] | None = None, *,
+            examples: int = DEFAULT_EXAMPLES) -> int:
+    """Compile the kernels the checks will launch on the compile pool, side by side, and
+    wait for them; how many compiles it started.
+
+    Each check runs once inside :func:`prefetching` with the examples the check will
+    draw (the draws are derandomized): a first launch queues its compile and the call
+    is handed to torch (these rows are dropped), so the checks after this launch built
+    kernels instead of compiling one at a time on the calling thread. A kernel an op
+    launches only after an earlier one of its own still compiles during the checks. On
+    the Triton interpreter there is nothing to compile and nothing is run (unless a test
+    holds the pool)."""
+    from gemshal.kernel import compile as _compile
+
+    if gemshal.current_device().interpreter and not _compile.holding():
+        return 0
+    before = _compile.submitted()
+    with warnings.catch_warnings(), _compile.prefetching():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for case in cases:
+            for dtype in case.dtypes:
+                if dtypes is None or dtype in dtypes:
+                    check(case, dtype, examples=examples)
+    started = _compile.submitted() - before
+    if not _compile.holding():
+        _compile.wait_compiles()
+    return started
+
+
 def run(
     cases: Sequence[Case],
     dtypes: Sequence[torch.dtype] | None = None,
