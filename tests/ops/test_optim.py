@@ -11,7 +11,8 @@ Tensors are small and examples few: everything runs on the Triton interpreter in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -274,6 +275,107 @@ def test_one_launch_per_dtype_group_and_tables_are_reused() -> None:
     with gemsops.use_gems(), recording() as rec:
         torch._foreach_mul_(mixed, 0.5)
     assert len(rec.launches) == 2
+
+
+# --- the tiled layout: several steps per program, several programs per tensor ------------
+
+
+@contextlib.contextmanager
+def small_tiles() -> Iterator[None]:
+    """Programs of 32 elements walked in 4 steps of 8 inside the block; then the default."""
+    tables.set_layout(8, 32)
+    try:
+        yield
+    finally:
+        tables.reset_layout()
+
+
+def test_layout_is_checked_and_resets() -> None:
+    """set_layout refuses a tile that is not a power-of-two multiple of the step, and
+    reset_layout goes back to the device's default."""
+    default = tables.layout()
+    for bad in ((8, 12), (6, 24), (16, 8), (0, 0)):
+        with pytest.raises(ValueError):
+            tables.set_layout(*bad)
+    tables.set_layout(4, 16)
+    assert tables.layout() == (4, 16)
+    tables.reset_layout()
+    assert tables.layout() == default
+    assert default[1] % default[0] == 0
+
+
+TILED_SIZES = (1, 7, 8, 9, 31, 32, 33, 64, 95)  # around the step (8) and tile (32) edges
+
+
+@settings(max_examples=3, deadline=None)
+@given(sizes=st.lists(st.sampled_from(TILED_SIZES), min_size=1, max_size=4),
+       seed=st.integers(0, 99))
+def test_tiled_foreach_updates_every_element_once(sizes: list[int], seed: int) -> None:
+    """Property: with tiles of several steps, every element is written exactly once and
+    none past a tensor's end, so in-place and functional foreach results equal torch's
+    for sizes on either side of the step and tile edges; the grid is one program per
+    tile of each tensor."""
+    sizes = [*sizes, 95]  # always one tensor of three tiles, the last one partial
+    gen = torch.Generator().manual_seed(seed)
+    dev = target_device()
+    a = [torch.randn(s, generator=gen).to(dev) for s in sizes]
+    b = [torch.randn(s, generator=gen).to(dev) for s in sizes]
+    c = [torch.rand(s, generator=gen).to(dev) + 0.5 for s in sizes]
+    want_add = [x + 2.0 * y for x, y in zip(a, b, strict=True)]
+    per = [0.5 * (i + 1) for i in range(len(sizes))]
+    want_cdiv = [x + v * (y / z) for x, y, z, v in zip(a, b, c, per, strict=True)]
+    # A guard past each tensor's end: a write beyond the tensor would change it.
+    held = [torch.full((s + 40,), 7.0, device=dev) for s in sizes]
+    inner = [h[:s] for h, s in zip(held, sizes, strict=True)]
+    for t, x in zip(inner, a, strict=True):
+        t.copy_(x)
+    with small_tiles(), gemsops.use_gems(), recording() as rec:
+        got_add = torch._foreach_add(a, b, alpha=2.0)
+        torch._foreach_addcdiv_(inner, b, c, per)
+    _close(got_add, want_add)
+    _close(inner, want_cdiv)
+    for h, s in zip(held, sizes, strict=True):
+        assert (h[s:] == 7.0).all()
+    tiles = sum(-(-s // 32) for s in sizes)
+    assert [grid for _, grid, *_ in rec.launches] == [(tiles,), (tiles,)]
+    assert all(kw["BLOCK"] == 8 and kw["TILE"] == 32 for *_, kw in rec.launches)
+
+
+@settings(max_examples=3, deadline=None)
+@given(sizes=st.lists(st.sampled_from(TILED_SIZES), min_size=1, max_size=3),
+       seed=st.integers(0, 99), found=st.sampled_from([0.0, 1.0]),
+       amsgrad=st.booleans())
+def test_tiled_fused_adamw_matches_torch(sizes: list[int], seed: int, found: float,
+                                         amsgrad: bool) -> None:
+    """Property: _fused_adamw_ over tensors of several tiles (grad_scale given) gives
+    torch's params, grads and moments; with found_inf 1 no tile of any tensor writes."""
+    sizes = [*sizes, 95]  # always one tensor of three tiles, the last one partial
+    dev = target_device()
+
+    def lists() -> list[list[torch.Tensor]]:
+        g = torch.Generator().manual_seed(seed)
+        out = [[torch.randn(s, generator=g).to(dev) for s in sizes] for _ in range(3)]
+        out.append([torch.rand(s, generator=g).to(dev) for s in sizes])
+        out.append([torch.rand(s, generator=g).to(dev) for s in sizes] if amsgrad else [])
+        out.append([torch.tensor(5.0, device=dev) for _ in sizes])
+        return out
+
+    kw: dict[str, Any] = {
+        "lr": 0.01, "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.05, "eps": 1e-8,
+        "amsgrad": amsgrad, "maximize": False, "grad_scale": torch.tensor(2.0, device=dev),
+        "found_inf": torch.tensor(found, device=dev)}
+    want, mine, before = lists(), lists(), lists()
+    torch._fused_adamw_(*want, **kw)
+    with small_tiles(), gemsops.use_gems(), recording() as launches, \
+            gemsops.record() as rec:
+        torch._fused_adamw_(*mine, **kw)
+    assert rec.served["_fused_adamw_.default"] == 1, rec.fallbacks
+    assert [grid for _, grid, *_ in launches.launches] == [(sum(-(-s // 32) for s in sizes),)]
+    for lst_m, lst_w, lst_b in zip(mine, want, before, strict=True):
+        for m, w, b in zip(lst_m, lst_w, lst_b, strict=True):
+            torch.testing.assert_close(m, w, atol=2e-5, rtol=2e-5)
+            if found == 1.0:
+                assert torch.equal(m, b)
 
 
 # --- handed back --------------------------------------------------------------------------

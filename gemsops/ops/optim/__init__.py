@@ -8,7 +8,7 @@ with one launch per dtype group of the lists, not one per tensor:
 * :mod:`~gemsops.ops.optim.kernels`: the Triton kernels (an elementwise foreach kernel
   with the op as a constant, and one kernel for the whole Adam(W) or SGD update);
 * :mod:`~gemsops.ops.optim.tables`: the host side: the checks, the grouping by dtypes,
-  and the int64 device table of block starts, element counts and data pointers that a
+  and the int64 device table of tile starts, element counts and data pointers that a
   program reads to find its tensor (kept between calls, keyed by its contents);
 * :mod:`~gemsops.ops.optim.foreach` and :mod:`~gemsops.ops.optim.fused`: the declared
   overloads.

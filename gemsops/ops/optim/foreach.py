@@ -33,7 +33,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import Number
 from gemsops.ops.optim import kernels as K
-from gemsops.ops.optim.tables import block, plan, scalars, witness
+from gemsops.ops.optim.tables import layout, plan, scalars, witness
 
 __all__: list[str] = []  # served through aten only
 
@@ -50,12 +50,14 @@ def _promoted(sig: tuple[torch.dtype, ...]) -> torch.dtype:
 
 
 def _consts(op_code: int, reads: int, out: int, mode: int, acc: torch.dtype) -> dict[str, Any]:
-    key = (op_code, reads, out, mode, acc)
+    shape = layout()
+    key = (op_code, reads, out, mode, acc, shape)
     hit = _CONSTS.get(key)
     if hit is None:
         hit = _CONSTS[key] = {
             "OP": op_code, "NIN": reads, "OUT": out, "SCALAR": mode,
-            "ACC": tl.float64 if acc == torch.float64 else tl.float32, "BLOCK": block()}
+            "ACC": tl.float64 if acc == torch.float64 else tl.float32,
+            "BLOCK": shape[0], "TILE": shape[1]}
     return hit
 
 

@@ -35,7 +35,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import check_supported
 from gemsops.ops.optim import kernels as K
-from gemsops.ops.optim.tables import Group, block, plan, scalars, witness
+from gemsops.ops.optim.tables import Group, layout, plan, scalars, witness
 
 __all__ = ["fused_adam", "fused_adamw", "fused_sgd"]
 
@@ -109,19 +109,20 @@ def _adam(name: str, adamw: bool, params: list[Tensor], grads: list[Tensor],
     for group in groups:
         _check_adam_dtypes(name, group)
     wide = _wide()
+    shape = layout()
     s = scalars([value, float(beta1), float(beta2), float(weight_decay), float(eps)],
                 wide, device)
     for group in groups:
         acc = group.acc
         key = (len(lists), adamw, amsgrad, maximize, lr_t is not None, scale is not None,
-               inf is not None, acc, wide)
+               inf is not None, acc, wide, shape)
         consts = _CONSTS.get(key)
         if consts is None:
             consts = _CONSTS[key] = {
                 "STEP": len(lists), "ADAMW": adamw, "AMSGRAD": amsgrad, "MAXIMIZE": maximize,
                 "LR_TENSOR": lr_t is not None, "HAS_SCALE": scale is not None,
                 "HAS_INF": inf is not None, "ACC": _tl(acc), "WIDE": _tl(wide),
-                "BLOCK": block()}
+                "BLOCK": shape[0], "TILE": shape[1]}
         w = [witness(d, device) for d in group.dtypes]
         wx = w[4] if amsgrad else w[3]
         args = (group.table, s, s if lr_t is None else lr_t, s if scale is None else scale,
@@ -210,6 +211,7 @@ def fused_sgd(self: list[Tensor], grads: list[Tensor], momentum_buffer_list: lis
     scale = _one_value(name, "grad_scale", grad_scale, device)
     inf = _one_value(name, "found_inf", found_inf, device)
     groups, _ = plan(name, lists)
+    shape = layout()
     for group in groups:
         if len(set(group.dtypes)) != 1:
             raise Unsupported(f"{name}: dtypes {group.dtypes} (one dtype per parameter)")
@@ -218,14 +220,14 @@ def fused_sgd(self: list[Tensor], grads: list[Tensor], momentum_buffer_list: lis
         s = scalars([value, float(weight_decay), float(momentum), float(dampening)], acc,
                     device)
         key = (has_buf, is_first_step, nesterov, maximize, lr_t is not None,
-               scale is not None, inf is not None, acc)
+               scale is not None, inf is not None, acc, shape)
         consts = _CONSTS.get(("sgd", *key))
         if consts is None:
             consts = _CONSTS[("sgd", *key)] = {
                 "HAS_BUF": has_buf, "FIRST": bool(is_first_step), "NESTEROV": bool(nesterov),
                 "MAXIMIZE": bool(maximize), "LR_TENSOR": lr_t is not None,
                 "HAS_SCALE": scale is not None, "HAS_INF": inf is not None, "ACC": _tl(acc),
-                "BLOCK": block()}
+                "BLOCK": shape[0], "TILE": shape[1]}
         w = [witness(d, device) for d in group.dtypes]
         args = (group.table, s, s if lr_t is None else lr_t, s if scale is None else scale,
                 s if inf is None else inf, w[0], w[1], w[-1], group.tensors, group.steps)

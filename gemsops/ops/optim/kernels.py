@@ -4,16 +4,21 @@ fused SGD.
 Every kernel takes one launch over a whole group of tensors. Its first argument is the
 group's int64 table (built by :mod:`gemsops.ops.optim.tables`)::
 
-    [0, T)            block starts: program p works on tensor t where starts[t] <= p
+    [0, T)            tile starts: program p works on tensor t where starts[t] <= p
     [T, 2T)           element counts
     [(2+k)T, (3+k)T)  data pointers of list k (k = 0, 1, ...)
 
-A program finds its tensor by a binary search of the starts (``STEPS`` halvings, the
-bit length of T - 1), then casts the pointer it loads to the list's element type: the
-``W*`` arguments are one-element "witness" tensors of each list's dtype, whose pointer
-type ``.dtype`` is the target of the cast. Scalars come from ``S``, a small device
-vector of the compute dtype (uniform scalars first, then one per tensor), so float64
-groups get float64 scalars and no launch specializes on a scalar's value.
+A program owns one *tile* of ``TILE`` elements of one tensor (tiles never straddle two
+tensors) and walks it in ``BLOCK``-wide steps: a loop of at most ``TILE // BLOCK``
+iterations, bounded by the tensor's end, so the per-program work (finding the tensor,
+loading its pointers, the scalars, Adam's bias corrections) is paid once per tile, not
+once per block. A program finds its tensor by a binary search of the starts (``STEPS``
+halvings, the bit length of T - 1), then casts the pointer it loads to the list's
+element type: the ``W*`` arguments are one-element "witness" tensors of each list's
+dtype, whose pointer type ``.dtype`` is the target of the cast. Scalars come from ``S``,
+a small device vector of the compute dtype (uniform scalars first, then one per
+tensor), so float64 groups get float64 scalars and no launch specializes on a scalar's
+value.
 """
 
 from __future__ import annotations
@@ -74,15 +79,19 @@ def _locate(Table, T, STEPS):
 
 
 @triton.jit
-def _span(Table, T, STEPS, FoundInf, HAS_INF: tl.constexpr, BLOCK: tl.constexpr):
-    """This program's tensor, its element offsets and their mask (none in range where
-    ``HAS_INF`` and found_inf is 1: the update is skipped)."""
-    t, blk = _locate(Table, T, STEPS)
+def _tile(Table, T, STEPS, FoundInf, HAS_INF: tl.constexpr, TILE: tl.constexpr,
+          BLOCK: tl.constexpr):
+    """This program's tensor, the first element of its tile, the tile's end (clipped to
+    the tensor) and its count of ``BLOCK`` steps (none where ``HAS_INF`` and found_inf
+    is 1: the update is skipped)."""
+    t, tile = _locate(Table, T, STEPS)
     n = tl.load(Table + T + t)
+    base = tile * TILE
+    end = tl.minimum(n, base + TILE)
     if HAS_INF:
-        n = tl.where(tl.load(FoundInf).to(tl.float32) == 1.0, 0, n)
-    offs = blk * BLOCK + tl.arange(0, BLOCK)
-    return t, offs, offs < n
+        end = tl.where(tl.load(FoundInf).to(tl.float32) == 1.0, base, end)
+    steps = ((end - base + BLOCK - 1) // BLOCK).to(tl.int32)
+    return t, base, end, steps
 
 
 @triton.jit
@@ -122,60 +131,72 @@ def foreach_kernel(
     OUT: tl.constexpr,  # the output's table list (0: in place into a)
     SCALAR: tl.constexpr,
     ACC: tl.constexpr,  # compute dtype: float32, or float64 for float64 groups
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,  # elements per loop step
+    TILE: tl.constexpr,  # elements per program (the table's unit), a multiple of BLOCK
 ):
-    t, offs, mask = _span(Table, T, STEPS, Table, False, BLOCK)
+    t, base, end, steps = _tile(Table, T, STEPS, Table, False, TILE, BLOCK)
+    # Everything per tensor is loaded once per program, before the loop over its tile.
     if NIN >= 1:
-        a = tl.load(_ptr(Table, 2 * T + t, WA) + offs, mask=mask, other=1).to(ACC)
+        ap = _ptr(Table, 2 * T + t, WA)
     if NIN >= 2:
-        b = tl.load(_ptr(Table, 3 * T + t, WB) + offs, mask=mask, other=1).to(ACC)
+        bp = _ptr(Table, 3 * T + t, WB)
     if NIN >= 3:
-        c = tl.load(_ptr(Table, 4 * T + t, WC) + offs, mask=mask, other=1).to(ACC)
+        cp = _ptr(Table, 4 * T + t, WC)
+    op = _ptr(Table, (2 + OUT) * T + t, WO)
     if SCALAR == 1:
         s = tl.load(S).to(ACC)
     elif SCALAR == 2:
         s = tl.load(S + 1 + t).to(ACC)
     elif SCALAR == 3:
         s = tl.load(X).to(ACC) * tl.load(S).to(ACC)
-    if OP == 0:
-        r = a + s * b
-    elif OP == 1:
-        r = a + s
-    elif OP == 2:
-        r = a * b
-    elif OP == 3:
-        r = a * s
-    elif OP == 4:
-        r = div_true(a, b)
-    elif OP == 5:
-        r = div_true(a, s)
-    elif OP == 6:
-        r = _lerp(a, b, c)
-    elif OP == 7:
-        r = _lerp(a, b, s)
-    elif OP == 8:
-        r = a + s * b * c
-    elif OP == 9:
-        r = a + s * div_true(b, c)  # torch's CUDA foreach: value * (b / c)
-    elif OP == 10:
-        r = sqrt(a)
-    elif OP == 11:
-        r = -a
-    elif OP == 12:
-        r = div_true(tl.full((BLOCK,), 1, ACC), a)
-    elif OP == 13:
-        r = maximum(a, b)
-    elif OP == 14:
-        r = maximum(a, tl.full((BLOCK,), 0, ACC) + s)
-    elif OP == 15:
-        r = minimum(a, b)
-    elif OP == 16:
-        r = minimum(a, tl.full((BLOCK,), 0, ACC) + s)
-    elif OP == 17:
-        r = a
-    else:
-        r = tl.zeros((BLOCK,), ACC)
-    _store(_ptr(Table, (2 + OUT) * T + t, WO), offs, r, mask)
+    for i in range(0, steps):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < end
+        if NIN >= 1:
+            a = tl.load(ap + offs, mask=mask, other=1).to(ACC)
+        if NIN >= 2:
+            b = tl.load(bp + offs, mask=mask, other=1).to(ACC)
+        if NIN >= 3:
+            c = tl.load(cp + offs, mask=mask, other=1).to(ACC)
+        if OP == 0:
+            r = a + s * b
+        elif OP == 1:
+            r = a + s
+        elif OP == 2:
+            r = a * b
+        elif OP == 3:
+            r = a * s
+        elif OP == 4:
+            r = div_true(a, b)
+        elif OP == 5:
+            r = div_true(a, s)
+        elif OP == 6:
+            r = _lerp(a, b, c)
+        elif OP == 7:
+            r = _lerp(a, b, s)
+        elif OP == 8:
+            r = a + s * b * c
+        elif OP == 9:
+            r = a + s * div_true(b, c)  # torch's CUDA foreach: value * (b / c)
+        elif OP == 10:
+            r = sqrt(a)
+        elif OP == 11:
+            r = -a
+        elif OP == 12:
+            r = div_true(tl.full((BLOCK,), 1, ACC), a)
+        elif OP == 13:
+            r = maximum(a, b)
+        elif OP == 14:
+            r = maximum(a, tl.full((BLOCK,), 0, ACC) + s)
+        elif OP == 15:
+            r = minimum(a, b)
+        elif OP == 16:
+            r = minimum(a, tl.full((BLOCK,), 0, ACC) + s)
+        elif OP == 17:
+            r = a
+        else:
+            r = tl.zeros((BLOCK,), ACC)
+        _store(op, offs, r, mask)
 
 
 @triton.jit
@@ -216,9 +237,11 @@ def adam_kernel(
     HAS_INF: tl.constexpr,
     ACC: tl.constexpr,  # element math: float32 (float64 for float64 params)
     WIDE: tl.constexpr,  # bias corrections: float64 where the device has it
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,  # elements per loop step
+    TILE: tl.constexpr,  # elements per program (the table's unit), a multiple of BLOCK
 ):
-    t, offs, mask = _span(Table, T, STEPS, FoundInf, HAS_INF, BLOCK)
+    t, base, end, steps = _tile(Table, T, STEPS, FoundInf, HAS_INF, TILE, BLOCK)
+    # The scalars and the bias corrections of this tensor, once per program.
     if LR_TENSOR:  # noqa: SIM108 - a static if in Triton, not a select
         lr_w = tl.load(LR).to(WIDE)
     else:
@@ -234,39 +257,45 @@ def adam_kernel(
     bc1 = 1 - _powi(beta1_w, step)
     bc2_sqrt = tl.sqrt(1 - _powi(beta2_w, step)).to(ACC)
     step_size = (lr_w / bc1).to(ACC)
+    if HAS_SCALE:
+        scale = tl.load(GradScale).to(ACC)
 
     pp = _ptr(Table, 2 * T + t, WP)
     gp = _ptr(Table, 3 * T + t, WG)
     mp = _ptr(Table, 4 * T + t, WM)
     vp = _ptr(Table, 5 * T + t, WV)
-    p = tl.load(pp + offs, mask=mask, other=0).to(ACC)
-    g = tl.load(gp + offs, mask=mask, other=0).to(ACC)
-    m = tl.load(mp + offs, mask=mask, other=0).to(ACC)
-    v = tl.load(vp + offs, mask=mask, other=0).to(ACC)
-    if HAS_SCALE:
-        g = div_true(g, tl.load(GradScale).to(ACC))
-        _store(gp, offs, g, mask)  # the unscaled gradient is written back, as torch's
-    if MAXIMIZE:
-        g = -g
-    if ADAMW:
-        p = tl.where(wd != 0, p - lr * wd * p, p)
-    else:
-        g = tl.where(wd != 0, g + p * wd, g)
-    # torch's CUDA kernel: beta * m + (g - beta * g), each step an fma.
-    m = tl.fma(beta1, m, tl.fma(-beta1, g, g))
-    gg = g * g
-    v = tl.fma(beta2, v, tl.fma(-beta2, gg, gg))
     if AMSGRAD:
         xp = _ptr(Table, 6 * T + t, WX)
-        vmax = maximum(tl.load(xp + offs, mask=mask, other=0).to(ACC), v)
-        _store(xp, offs, vmax, mask)
-        denom = div_true(sqrt(vmax), bc2_sqrt) + eps
-    else:
-        denom = div_true(sqrt(v), bc2_sqrt) + eps
-    p = p - div_true(step_size * m, denom)
-    _store(pp, offs, p, mask)
-    _store(mp, offs, m, mask)
-    _store(vp, offs, v, mask)
+    for i in range(0, steps):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < end
+        p = tl.load(pp + offs, mask=mask, other=0).to(ACC)
+        g = tl.load(gp + offs, mask=mask, other=0).to(ACC)
+        m = tl.load(mp + offs, mask=mask, other=0).to(ACC)
+        v = tl.load(vp + offs, mask=mask, other=0).to(ACC)
+        if HAS_SCALE:
+            g = div_true(g, scale)
+            _store(gp, offs, g, mask)  # the unscaled gradient is written back, as torch's
+        if MAXIMIZE:
+            g = -g
+        if ADAMW:
+            p = tl.where(wd != 0, p - lr * wd * p, p)
+        else:
+            g = tl.where(wd != 0, g + p * wd, g)
+        # torch's CUDA kernel: beta * m + (g - beta * g), each step an fma.
+        m = tl.fma(beta1, m, tl.fma(-beta1, g, g))
+        gg = g * g
+        v = tl.fma(beta2, v, tl.fma(-beta2, gg, gg))
+        if AMSGRAD:
+            vmax = maximum(tl.load(xp + offs, mask=mask, other=0).to(ACC), v)
+            _store(xp, offs, vmax, mask)
+            denom = div_true(sqrt(vmax), bc2_sqrt) + eps
+        else:
+            denom = div_true(sqrt(v), bc2_sqrt) + eps
+        p = p - div_true(step_size * m, denom)
+        _store(pp, offs, p, mask)
+        _store(mp, offs, m, mask)
+        _store(vp, offs, v, mask)
 
 
 @kernel("fused_sgd", key=[])
@@ -286,9 +315,10 @@ def sgd_kernel(
     HAS_SCALE: tl.constexpr,
     HAS_INF: tl.constexpr,
     ACC: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,  # elements per loop step
+    TILE: tl.constexpr,  # elements per program (the table's unit), a multiple of BLOCK
 ):
-    t, offs, mask = _span(Table, T, STEPS, FoundInf, HAS_INF, BLOCK)
+    t, base, end, steps = _tile(Table, T, STEPS, FoundInf, HAS_INF, TILE, BLOCK)
     if LR_TENSOR:  # noqa: SIM108 - a static if in Triton, not a select
         lr = tl.load(LR).to(ACC)
     else:
@@ -296,27 +326,33 @@ def sgd_kernel(
     wd = tl.load(S + 1).to(ACC)
     momentum = tl.load(S + 2).to(ACC)
     dampening = tl.load(S + 3).to(ACC)
+    if HAS_SCALE:
+        scale = tl.load(GradScale).to(ACC)
     pp = _ptr(Table, 2 * T + t, WP)
     gp = _ptr(Table, 3 * T + t, WG)
-    p = tl.load(pp + offs, mask=mask, other=0).to(ACC)
-    g = tl.load(gp + offs, mask=mask, other=0).to(ACC)
-    if HAS_SCALE:
-        g = div_true(g, tl.load(GradScale).to(ACC))
-        _store(gp, offs, g, mask)
-    if MAXIMIZE:
-        g = -g
-    g = tl.where(wd != 0, g + wd * p, g)
     if HAS_BUF:
         bp = _ptr(Table, 4 * T + t, WB)
-        if FIRST:
-            buf = g
-        else:
-            buf = tl.load(bp + offs, mask=mask, other=0).to(ACC)
-            buf = momentum * buf + (1 - dampening) * g
-        _store(bp, offs, buf, mask)
-        if NESTEROV:  # noqa: SIM108 - a static if in Triton, not a select
-            g = g + momentum * buf
-        else:
-            g = buf
-    p = p - lr * g
-    _store(pp, offs, p, mask)
+    for i in range(0, steps):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < end
+        p = tl.load(pp + offs, mask=mask, other=0).to(ACC)
+        g = tl.load(gp + offs, mask=mask, other=0).to(ACC)
+        if HAS_SCALE:
+            g = div_true(g, scale)
+            _store(gp, offs, g, mask)
+        if MAXIMIZE:
+            g = -g
+        g = tl.where(wd != 0, g + wd * p, g)
+        if HAS_BUF:
+            if FIRST:
+                buf = g
+            else:
+                buf = tl.load(bp + offs, mask=mask, other=0).to(ACC)
+                buf = momentum * buf + (1 - dampening) * g
+            _store(bp, offs, buf, mask)
+            if NESTEROV:  # noqa: SIM108 - a static if in Triton, not a select
+                g = g + momentum * buf
+            else:
+                g = buf
+        p = p - lr * g
+        _store(pp, offs, p, mask)

@@ -6,7 +6,7 @@ each index), groups the nonempty indices by their dtypes (usually one group) and
 each group its int64 table (see :mod:`gemsops.ops.optim.kernels` for the layout).
 
 **Caching.** An optimizer calls with the same lists every step, so a table is kept,
-keyed by its own contents (block starts, element counts, data pointers): a hit is
+keyed by its own contents (tile starts, element counts, data pointers): a hit is
 exact, and costs building and hashing one tuple of ints, no allocation and no
 host-to-device copy. A miss makes the table with one copy. The scalar vectors are kept
 the same way, keyed by their bytes (so -0.0 and 0.0 differ), which makes the per-step
@@ -34,7 +34,7 @@ from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, check_supported
 from gemsops.ops.pointwise.types import device_type
 
-__all__ = ["Group", "block", "plan", "scalars", "witness"]
+__all__ = ["Group", "layout", "plan", "reset_layout", "scalars", "set_layout", "witness"]
 
 _DTYPE = operator.attrgetter("dtype")
 _FLOATS = frozenset(FLOAT_DTYPES)
@@ -42,16 +42,37 @@ _CACHE_BYTES = 16 << 20
 """Device bytes each cache may hold (tables; scalar vectors) before dropping old entries."""
 
 
-def block() -> int:
-    """Elements per program. The host lays the tables out with it, so it is fixed here and
-    not a tuning-file value: a benchmarked config of another width would not match the
-    table (the tuning entries hold launch keywords only)."""
-    if _BLOCK[0] == 0:
-        _BLOCK[0] = 1024 if gemshal.current_device().interpreter else 2048
-    return _BLOCK[0]
+def layout() -> tuple[int, int]:
+    """(BLOCK, TILE): elements per loop step of a program, and elements per program.
+
+    The host lays the tables out in tiles, so both are fixed here and not tuning-file
+    values: a benchmarked config of another width would not match the table (the tuning
+    entries hold launch keywords only). On a device a program walks ``TILE // BLOCK``
+    steps of 2048 elements (16 per thread at the tuning file's 4 warps, two 16-byte
+    loads per half-precision list), so its fixed work (the binary search of the table,
+    its pointers, Adam's bias corrections) is paid once per 8192 elements; on the
+    interpreter one step per program is fastest.
+    """
+    if not _LAYOUT:
+        _LAYOUT.append((1024, 1024) if gemshal.current_device().interpreter else (2048, 8192))
+    return _LAYOUT[0]
 
 
-_BLOCK = [0]
+def set_layout(block: int, tile: int) -> None:
+    """Use ``block``-wide steps over ``tile``-wide programs from now on (tests: several
+    steps and tiles over small tensors). ``tile`` is a multiple of ``block``, both
+    powers of two."""
+    if block <= 0 or block & (block - 1) or tile % block or tile & (tile - 1):
+        raise ValueError(f"layout ({block}, {tile}): powers of two, tile a multiple of block")
+    _LAYOUT[:] = [(block, tile)]
+
+
+def reset_layout() -> None:
+    """Back to the device's default :func:`layout` (chosen on the next call)."""
+    _LAYOUT.clear()
+
+
+_LAYOUT: list[tuple[int, int]] = []
 
 
 class Group:
@@ -68,7 +89,7 @@ class Group:
         self.table = table
         self.tensors = tensors
         self.blocks = blocks
-        """Programs of the launch (the grid)."""
+        """Programs of the launch (the grid): tiles of the group's tensors."""
         self.steps = (tensors - 1).bit_length()
         """Halvings of the kernels' binary search."""
 
@@ -188,7 +209,7 @@ def plan(name: str, lists: Sequence[Sequence[Tensor]],
                 assert held is not None
                 held.append(i)
     groups = []
-    width = block()
+    width = layout()[1]
     for signature, indices in buckets.items():
         ns = numels if indices is None else [numels[i] for i in indices]
         starts = list(itertools.accumulate((-(-k // width) for k in ns), initial=0))
