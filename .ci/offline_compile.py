@@ -21,7 +21,8 @@ CUDA backend.
 
 Families: math, rounding, binary_math, activation_extra (the flat pointwise template
 with OP = each element function, float32 / bfloat16 / float64 and integer inputs where
-the record takes them), spread (vector norms), sort, put, isin, fill, sample.
+the record takes them), spread (vector norms), sort, put, isin, fill, sample, optim (fused AdamW and SGD, a
+foreach lerp).
 Not covered: the strided pointwise template (``_tiled_kernel``) and configs other than
 the one the sm_90 tuning entry launches for these small shapes.
 """
@@ -279,6 +280,30 @@ def _sample_cases() -> list[Case]:
     return cases
 
 
+def _optim_cases() -> list[Case]:
+    import torch
+
+    from gemsops.ops.optim import foreach, fused
+
+    def lists(n: int, dtype: Any) -> list[Any]:
+        return [_t(5000 + 300 * i, dtype=dtype) for i in range(n)]
+
+    cases: list[Case] = []
+    for dtype in (torch.bfloat16, torch.float32):
+        p, g, m, v = (lists(3, dtype) for _ in range(4))
+        steps = [_t(1) for _ in range(3)]
+        for amsgrad in (False, True):
+            cases.append((f"fused adamw {dtype} amsgrad={amsgrad}", _bind(
+                fused.fused_adamw, p, g, m, v, lists(3, dtype) if amsgrad else [], steps,
+                lr=1e-3, beta1=0.9,
+                beta2=0.999, weight_decay=0.01, eps=1e-8, amsgrad=amsgrad, maximize=False)))
+        cases.append((f"fused sgd {dtype}", _bind(
+            fused.fused_sgd, p, g, lists(3, dtype), weight_decay=0.0, momentum=0.9, lr=1e-2,
+            dampening=0.0, nesterov=False, maximize=False, is_first_step=False)))
+        cases.append((f"foreach lerp_ {dtype}", _bind(foreach.foreach_lerp_scalar, p, g, 0.1)))
+    return cases
+
+
 FAMILIES: dict[str, Callable[[], list[Case]]] = {
     "math": lambda: _pointwise_cases("math"),
     "rounding": lambda: _pointwise_cases("rounding"),
@@ -290,6 +315,7 @@ FAMILIES: dict[str, Callable[[], list[Case]]] = {
     "isin": _isin_cases,
     "fill": _fill_cases,
     "sample": _sample_cases,
+    "optim": _optim_cases,
 }
 
 
