@@ -10,6 +10,7 @@ replayed.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -381,3 +382,28 @@ def test_a_background_build_swaps_the_native_kernels_in(
         assert escaped == []  # the swap raised nothing on the build's thread
         _until_native(lambda: x + y, "add.Tensor")
     assert native.stats() == {}
+
+
+def test_serving_prints_no_override_message() -> None:
+    """A process that turns the native replay on prints nothing about overriding torch's
+    kernels (torch reports that once per process on stderr, outside Python's warnings);
+    the op still runs natively and gives torch's answer."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, gemsops\n"
+        "from gemsops import native\n"
+        "assert native.load(), native._WHY\n"
+        "x = torch.arange(6.0)\n"
+        "with gemsops.use_gems():\n"
+        "    y = x + x\n"
+        "assert torch.equal(y, torch.arange(6.0) * 2)\n"
+        "print('ran')\n"
+    )
+    env = {**os.environ, "GEMS_NATIVE": "1"}
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ran" in done.stdout
+    assert "Overriding a previously registered kernel" not in done.stderr

@@ -19,6 +19,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
 #include <dlfcn.h>
 #include <torch/library.h>
 
@@ -583,7 +584,24 @@ std::shared_ptr<Recipe> parse(const std::vector<int64_t>& blob) {
 std::mutex g_libs_mutex;
 std::unordered_map<int64_t, std::unique_ptr<torch::Library>> g_libs;
 
+// Serving an op overrides torch's kernel at that key, which torch reports once per
+// process on stderr ("Overriding a previously registered kernel ..."): the override is
+// what gemsops is for, so that one message is dropped; every other warning goes on.
+class QuietOverride final : public c10::WarningHandler {
+ public:
+  explicit QuietOverride(c10::WarningHandler* next) : next_(next) {}
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("Overriding a previously registered kernel") != std::string::npos) return;
+    next_->process(warning);
+  }
+
+ private:
+  c10::WarningHandler* next_;
+};
+
 int64_t serve(const std::string& name, const std::string& key) {
+  QuietOverride quiet(c10::WarningUtils::get_warning_handler());
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
   const c10::DispatchKey k = c10::parseDispatchKey(key);
   int64_t handle;
   {
