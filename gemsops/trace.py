@@ -43,11 +43,15 @@ NOT_COMPUTE = frozenset({
     "resize_", "_has_compatible_shallow_copy_type", "item", "dim", "size", "stride",
     "numel", "is_nonzero", "equal", "contiguous", "_unsafe_split",
     "view_as_real", "view_as_complex", "_conj", "_neg_view", "diagonal", "movedim",
-    "unfold", "_reshape_copy", "lift_fresh_copy", "_cuda_version", "cuda_version",
-    "is_align_available",
+    "unfold", "_reshape_copy", "lift_fresh_copy",
 })
-"""Overload packets (``aten::view``...) that compute nothing: views, metadata, allocation,
-version and capability queries."""
+"""Overload packets (``aten::view``...) that compute nothing: views, metadata, allocation.
+Queries count as nothing too: a packet named ``is_*`` or ``*version``."""
+
+
+def _query(packet: str) -> bool:
+    """A capability or version query (``is_pinned``, a library's ``_..._version``)."""
+    return packet.startswith("is_") or packet.endswith("version")
 
 
 @attrs.frozen
@@ -129,7 +133,7 @@ def _op_log(key: str) -> Any:
             if func.namespace != "aten":
                 self.other[f"{func.namespace}::{packet}.{func._overloadname}"] += 1
                 return func(*args, **kwargs)
-            if packet in NOT_COMPUTE:
+            if packet in NOT_COMPUTE or _query(packet):
                 return func(*args, **kwargs)
             name = f"{packet}.{func._overloadname}"
             if _composite(name, key):
