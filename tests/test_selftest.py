@@ -243,3 +243,29 @@ def test_prepare_queues_the_checks_compiles_and_leaves_them_passing() -> None:
     rows = run(cases, [torch.float32], examples=3)
     assert [(r.op, r.outcome) for r in rows] == [(c.op, "passed") for c in cases]
     assert all(r.served for r in rows)
+
+
+def test_a_light_check_calls_the_op_on_the_inputs_a_full_check_draws() -> None:
+    """check(light=True), prepare()'s warm-up, draws the same inputs as the full check
+    that follows it (so it meets the same kernels), calling the op on each and computing
+    no reference (the full check's float64 reference calls are left out here)."""
+    import attrs
+
+    from gemsops.selftest.cases import CASES
+    from gemsops.selftest.runner import check
+
+    case = next(c for c in CASES if c.op == "softmax")
+    seen: list[list[Any]] = [[], []]
+
+    def recording(slot: int) -> Any:
+        def call(*args: Any) -> Any:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if all(t.dtype == torch.float32 for t in tensors):  # not the float64 reference
+                seen[slot].append([(tuple(t.shape), tuple(t.stride())) for t in tensors])
+            return case.call(*args)
+        return call
+
+    check(attrs.evolve(case, call=recording(0)), torch.float32, examples=4, light=True)
+    row = check(attrs.evolve(case, call=recording(1)), torch.float32, examples=4)
+    assert row.outcome == "passed"
+    assert seen[0] and seen[0] == seen[1][:len(seen[0])]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -97,8 +98,11 @@ def _drawn(draw: st.DrawFn, strategy: st.SearchStrategy[Args]) -> Args:
         return draw(strategy)
 
 
-def check(case: Case, dtype: torch.dtype, *, examples: int) -> Row:
-    """Draw ``examples`` inputs of ``dtype`` for ``case`` and classify the op on this device."""
+def check(case: Case, dtype: torch.dtype, *, examples: int, light: bool = False) -> Row:
+    """Draw ``examples`` inputs of ``dtype`` for ``case`` and classify the op on this device.
+
+    With ``light``, each example is only called (no reference, no comparison: the row
+    says nothing), for :func:`prepare`: the draws are the same as a full check's."""
     name = str(dtype)[6:]
     caps = gemshal.current_vendor().capabilities
     if dtype == torch.bfloat16 and not caps.bf16:
@@ -108,6 +112,10 @@ def check(case: Case, dtype: torch.dtype, *, examples: int) -> Row:
     def fails(args: Args) -> bool:
         nonlocal calls
         calls += 1
+        if light:
+            with contextlib.suppress(Exception):  # a warm-up call: the check reports errors
+                case.call(*args)
+            return False
         return _mismatch(case, args, rec) is not None
 
     rec = registry.CallRecord()
@@ -154,9 +162,9 @@ def prepare(cases: Sequence[Case], dtypes: Sequence[torch.dtype] | None = None, 
     """Compile the kernels the checks will launch on the compile pool, side by side, and
     wait for them; how many compiles it started.
 
-    Each check runs once inside :func:`prefetching` with the examples the check will
-    draw (the draws are derandomized): a first launch queues its compile and the call
-    is handed to torch (these rows are dropped), so the checks after this launch built
+    Each check's examples (derandomized: the draws the check will make) are called once
+    inside :func:`prefetching`, with no reference computed: a first launch queues its
+    compile and the call is handed to torch, so the checks after this launch built
     kernels instead of compiling one at a time on the calling thread. A kernel an op
     launches only after an earlier one of its own still compiles during the checks. On
     the Triton interpreter there is nothing to compile and nothing is run (unless a test
@@ -171,7 +179,7 @@ def prepare(cases: Sequence[Case], dtypes: Sequence[torch.dtype] | None = None, 
         for case in cases:
             for dtype in case.dtypes:
                 if dtypes is None or dtype in dtypes:
-                    check(case, dtype, examples=examples)
+                    check(case, dtype, examples=examples, light=True)
     started = _compile.submitted() - before
     if not _compile.holding():
         _compile.wait_compiles()
