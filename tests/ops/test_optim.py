@@ -440,3 +440,18 @@ def test_fused_adam_mixed_dtypes_are_handed_back() -> None:
     assert gems_ok == torch_ok
     assert not rec.served["_fused_adam_.default"]
     assert any("states with" in why for _, why in rec.fallbacks), rec.fallbacks
+
+
+def test_foreach_neg_flips_the_sign_bit() -> None:
+    """_foreach_neg gives torch's signed zeros: -(+0.0) is -0.0 and -(-0.0) is +0.0 (a
+    ``0 - x``, which Triton 3.6 makes of unary minus, gives +0.0 for both)."""
+    dev = target_device()
+    xs = [torch.tensor([0.0, -0.0, 1.5, -2.0], dtype=dtype, device=dev)
+          for dtype in (torch.float32, torch.bfloat16)]
+    want = torch._foreach_neg([x.cpu() for x in xs])
+    with gemsops.use_gems(), gemsops.record() as rec:
+        got = torch._foreach_neg(xs)
+    assert rec.served["_foreach_neg.default"] >= 1
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.cpu(), w)
+        assert torch.equal(g.cpu().signbit(), w.signbit())

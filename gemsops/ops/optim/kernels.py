@@ -28,7 +28,7 @@ import triton.language as tl
 
 from gemshal.kernel import kernel
 from gemsops.ops.pointwise.codegen import to_half
-from gemsops.ops.pointwise.elementwise import div_true, maximum, minimum, sqrt
+from gemsops.ops.pointwise.elementwise import div_true, maximum, minimum, neg, sqrt
 
 __all__ = [
     "ADD", "ADDCDIV", "ADDCMUL", "ADD_S", "COPY", "DIV", "DIV_S", "LERP", "LERP_S", "MAX",
@@ -181,7 +181,7 @@ def foreach_kernel(
         elif OP == 10:
             r = sqrt(a)
         elif OP == 11:
-            r = -a
+            r = neg(a)
         elif OP == 12:
             r = div_true(tl.full((BLOCK,), 1, ACC), a)
         elif OP == 13:
@@ -277,7 +277,7 @@ def adam_kernel(
             g = div_true(g, scale)
             _store(gp, offs, g, mask)  # the unscaled gradient is written back, as torch's
         if MAXIMIZE:
-            g = -g
+            g = neg(g)
         if ADAMW:
             p = tl.where(wd != 0, p - lr * wd * p, p)
         else:
@@ -341,7 +341,7 @@ def sgd_kernel(
             g = div_true(g, scale)
             _store(gp, offs, g, mask)
         if MAXIMIZE:
-            g = -g
+            g = neg(g)
         g = tl.where(wd != 0, g + wd * p, g)
         if HAS_BUF:
             if FIRST:

@@ -28,7 +28,7 @@ from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, Number
 from gemsops.ops.pointwise import elementwise as M
 from gemsops.ops.pointwise.arith import _has_zero
-from gemsops.ops.pointwise.elementwise import _exp_precise, _fdiv, _flip_sign, _fmod, _sqrt_rn
+from gemsops.ops.pointwise.elementwise import _exp_precise, _fdiv, _fmod, _sqrt_rn
 from gemsops.ops.pointwise.iterator import run
 from gemsops.ops.pointwise.math import atan_body, log1p_body
 from gemsops.ops.pointwise.types import NO_BOOL, result_type
@@ -73,7 +73,7 @@ def _atan2(y, x):
     a = atan_body(t)
     a = tl.where(ay > ax, 1.5707963267948966 - a, a)
     a = tl.where(_negative(x), 3.141592653589793 - a, a)
-    return tl.where(_negative(y), _flip_sign(a), a)
+    return _copysign(a, y)  # a >= 0 (or nan): y's sign bit, -0.0 and -nan included
 
 
 @triton.jit
