@@ -108,6 +108,26 @@ def test_nothing_defers_outside_deferring_in_wait_mode_or_while_capturing(
     assert len(fake.launches) == 4 and fake.warmups == []
 
 
+def test_a_kernel_declared_without_deferral_compiles_here_inside_deferring(gpu: Path) -> None:
+    """A kernel declared with defer=False (the random kernels: who serves a call decides
+    its numbers) compiles and launches on the calling thread even inside deferring() in
+    background mode, where the same kernel declared the default way defers."""
+    held = FakeJit()
+    deferred = declare("k", key=["n"])(held)
+    fake = FakeJit()
+    here = declare("k", key=["n"], defer=False)(fake)
+    x = torch.empty(4)
+    with bg.hold() as release, bg.deferring():
+        with pytest.raises(bg.KernelCompiling):
+            deferred[(1,)](x, 1000)
+        here[(1,)](x, 1000)
+        assert fake.launches == [ROW] and held.launches == []
+        release()
+    assert bg.wait_compiles(timeout=10)
+    with pytest.raises(TypeError, match="defer must be True or False; got 'no'"):
+        declare("k", defer="no")  # type: ignore[arg-type]
+
+
 def test_a_failed_background_compile_fails_the_next_launch_here(gpu: Path) -> None:
     """A compile that fails on the pool is not swallowed: the launch after it compiles on
     the calling thread and raises that error (at once, where the failed compile was

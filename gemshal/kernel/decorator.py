@@ -297,6 +297,8 @@ class Kernel:
                 raise TypeError(f"rule {name!r} must be callable (args -> value); got {rule!r}")
         self.rules = dict(rules)
         self.prune = dict(prune) if prune else None
+        self.defer = True
+        """Whether a first launch may compile in the background (:func:`kernel`)."""
         self.__name__ = getattr(fn, "__name__", op)
         self._state = _State()
         self._lock = threading.RLock()
@@ -598,7 +600,7 @@ class Kernel:
         hit = state.fulls.get(memo)
         if hit is not None and hit[0] is kwargs:
             return self._fire(state, grid, args, hit[1], device, key, entry, False)
-        if entry is None and _compile.SCOPE.defer and _compile.may_defer():
+        if entry is None and self.defer and _compile.SCOPE.defer and _compile.may_defer():
             self._defer(state, grid, args, kwargs, extra)
         ckey, choice, order = self._choose(state, args, kwargs)
         if choice is None:
@@ -946,6 +948,7 @@ def kernel(
     prune: Callable[..., Any] | Mapping[str, Any] | None = None,
     reset_to_zero: Sequence[str] = (),
     restore_value: Sequence[str] = (),
+    defer: bool = True,
 ) -> Callable[[Any], Kernel]:
     """Declare a ``@triton.jit`` kernel with its op's tuning entry.
 
@@ -958,6 +961,11 @@ def kernel(
             ``prune_configs_by`` mapping (``early_config_prune``, ``perf_model``, ``top_k``).
         reset_to_zero: Arguments zeroed before each benchmarked run.
         restore_value: Arguments restored after each benchmarked run.
+        defer: Whether a first launch may compile in the background while the caller
+            serves the call another way (:func:`gemshal.kernel.compile.deferring`).
+            False for kernels whose results depend on who serves the call (the random
+            kernels: torch's generator would give other numbers); their first launch
+            compiles on the calling thread.
 
     Returns:
         A decorator making a :class:`Kernel`.
@@ -989,8 +997,12 @@ def kernel(
         prune_by = {"early_config_prune": prune}
     elif prune is not None:
         raise TypeError(f"prune must be a callable or a mapping; got {prune!r}")
+    if not isinstance(defer, bool):
+        raise TypeError(f"defer must be True or False; got {defer!r}")
 
     def decorate(fn: Any) -> Kernel:
-        return Kernel(fn, op, key, rules or {}, prune_by, reset_to_zero or (), restore_value or ())
+        made = Kernel(fn, op, key, rules or {}, prune_by, reset_to_zero or (), restore_value or ())
+        made.defer = defer
+        return made
 
     return decorate

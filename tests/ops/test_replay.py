@@ -328,3 +328,22 @@ def test_a_result_with_numbers_and_none_replays_them() -> None:
         firsts.append(got[0])
     assert firsts[0] is not firsts[1]
     assert replay.kept() == 1
+
+
+def test_dropout_backward_replays_and_a_mask_in_another_layout_runs_as_written() -> None:
+    """native_dropout_backward, kept from one call, scales each new gradient by each new
+    mask; a transposed mask (copied by a torch call first) is never kept."""
+    from gemsops.ops.random import dropout as dropout_module
+
+    dev = target_device()
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        g = torch.randn(6, 10, generator=gen).to(dev)
+        mask = (torch.rand(6, 10, generator=gen) > 0.3).to(dev)
+        got = dropout_module.native_dropout_backward(g, mask, 1.25)
+        assert torch.equal(got, g * mask * 1.25)
+    assert replay.kept() == 1
+    mask_t = (torch.rand(10, 6) > 0.3).to(dev).t()
+    got = dropout_module.native_dropout_backward(g, mask_t, 2.0)
+    assert torch.equal(got, g * mask_t * 2.0)
+    assert replay.kept() == 1

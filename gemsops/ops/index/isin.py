@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, Number, check_supported
@@ -41,8 +41,14 @@ _BLOCK = 256
 _TBLOCK = 32
 _DTYPES = (*FLOAT_DTYPES, *INT_DTYPES)
 _HALF = (torch.float16, torch.bfloat16)
+_CONSTS = {(invert, upcast): {"INVERT": invert, "UPCAST": upcast, "BLOCK": _BLOCK,
+                              "TBLOCK": _TBLOCK}
+           for invert in (False, True) for upcast in (False, True)}
+"""The launches' constant keywords, one dict per set (the launch key remembers it by
+identity)."""
 
 
+@kernel("isin")
 @triton.jit
 def _isin_kernel(
     E,  # the elements, a contiguous run of n values
@@ -96,10 +102,8 @@ def _launch(elements: Tensor, test: Tensor, invert: bool) -> Tensor:
                           f"{MAX_TEST}; torch sorts)")
     flat_e = elements.reshape(-1).contiguous()
     flat_t = test.reshape(-1).contiguous()
-    with gemshal.device_guard(elements):
-        _isin_kernel[(cdiv(n, _BLOCK),)](flat_e, flat_t, out, n, m, INVERT=bool(invert),
-                                         UPCAST=elements.dtype in _HALF, BLOCK=_BLOCK,
-                                         TBLOCK=_TBLOCK, num_warps=4)
+    _isin_kernel.launch((cdiv(n, _BLOCK),), (flat_e, flat_t, out, n, m),
+                        _CONSTS[bool(invert), elements.dtype in _HALF])
     return out
 
 

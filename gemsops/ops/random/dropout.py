@@ -41,23 +41,28 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, TL_DTYPES, check_supported
 from gemsops.ops.grid import cdiv
 from gemsops.ops.pointwise.codegen import to_half as _round
 from gemsops.ops.random.seed import philox_key
+from gemsops.ops.replay import replayable
 
 __all__ = ["bernoulli", "native_dropout", "native_dropout_backward"]
 
 _BLOCK = 1024
 """Elements per Philox lane in one program (a program covers ``4 * _BLOCK``). Fixed:
 changing it changes which counter each element draws, so the masks a seed gives."""
-_WARPS = 4
 _MAX_NUMEL = 4 * 2**32
 """Elements the 32-bit counters cover: four numbers per counter."""
 _SCALED = (torch.float16, torch.bfloat16, torch.float32)
+_CONSTS = {"BLOCK": _BLOCK}
+"""The launches' constant keywords (one dict: the launch key remembers it by identity).
+The tuning entries (``dropout``, ``bernoulli``, ``dropout_backward``) hold one config
+of launch keywords each: ``BLOCK`` fixes the masks, and a benchmark would run a launch
+that reads what it writes more than once."""
 
 
 @triton.jit
@@ -71,6 +76,9 @@ def _dropout_lane(X, Y, Mask, idx, u, n, p, scale):
     tl.store(Mask + idx, keep, mask=inside)
 
 
+# Not deferred: a first call served by torch while this compiled would draw torch's
+# numbers, not this kernel's (runs would differ by their compile timing).
+@kernel("dropout", defer=False)
 @triton.jit
 def _dropout_kernel(
     X,  # input, a flat run of n elements
@@ -100,6 +108,7 @@ def _bernoulli_lane(Out, idx, u, n, p):
     tl.store(Out + idx, _round((u < p).to(tl.float32), Out.dtype.element_ty), mask=idx < n)
 
 
+@kernel("bernoulli", defer=False)
 @triton.jit
 def _bernoulli_kernel(
     Out,  # a flat run of n elements, any dtype
@@ -119,6 +128,7 @@ def _bernoulli_kernel(
     _bernoulli_lane(Out, base + 3 * BLOCK, u3, n, p)
 
 
+@kernel("dropout_backward")
 @triton.jit
 def _masked_scale_kernel(G, Mask, Out, n, scale, BLOCK: tl.constexpr):
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -213,13 +223,22 @@ def native_dropout(input: Tensor, p: float, train: bool | None = None) -> tuple[
     key = philox_key(input.device)
     scale = 1.0 / (1.0 - p)
     n = input.numel()
-    with gemshal.device_guard(input):
-        _dropout_kernel[_programs(n)](source, out, mask, key, n, p, scale, BLOCK=_BLOCK,
-                                      num_warps=_WARPS)
+    _dropout_kernel.launch(_programs(n), (source, out, mask, key, n, p, scale), _CONSTS)
     return out, mask
 
 
+def _in_its_layout(grad_output: object, mask: object, *_args: object, **_kw: object) -> bool:
+    # A gradient or mask in another layout than the result's is first copied with a torch
+    # call, which a replay would skip: replayed only when both are read as they are.
+    if not isinstance(grad_output, Tensor) or not isinstance(mask, Tensor):
+        return False
+    fmt = _memory_format(grad_output)
+    return grad_output.is_contiguous(memory_format=fmt) and mask.is_contiguous(
+        memory_format=fmt)
+
+
 @op("native_dropout_backward.default", out="native_dropout_backward.out")
+@replayable(when=_in_its_layout)
 def native_dropout_backward(grad_output: Tensor, mask: Tensor, scale: float) -> Tensor:
     """Dropout's backward: ``grad_output * mask * scale``.
 
@@ -252,9 +271,7 @@ def native_dropout_backward(grad_output: Tensor, mask: Tensor, scale: float) -> 
     keep = mask if _same_layout(mask, out) else mask.contiguous(memory_format=fmt)
     if not (_dense(out) and _same_layout(grad, out) and _same_layout(keep, out)):
         raise Unsupported("dropout backward operands that do not share one dense layout")
-    with gemshal.device_guard(grad_output):
-        _masked_scale_kernel[(cdiv(n, _BLOCK),)](grad, keep, out, n, scale, BLOCK=_BLOCK,
-                                                 num_warps=_WARPS)
+    _masked_scale_kernel.launch((cdiv(n, _BLOCK),), (grad, keep, out, n, scale), _CONSTS)
     return out
 
 
@@ -293,8 +310,7 @@ def bernoulli(self: Tensor, p: float = 0.5, *, generator: torch.Generator | None
     dense = _dense(target)
     flat = target if dense else torch.empty_like(target, memory_format=torch.contiguous_format)
     n = flat.numel()
-    with gemshal.device_guard(target):
-        _bernoulli_kernel[_programs(n)](flat, key, n, p, BLOCK=_BLOCK, num_warps=_WARPS)
+    _bernoulli_kernel.launch(_programs(n), (flat, key, n, p), _CONSTS)
     if not dense:
         target.copy_(flat)  # a sliced target: written through its strides
     return target

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, check_supported
@@ -65,7 +65,6 @@ __all__ = ["exponential_", "normal_", "random_", "uniform_"]
 _BLOCK = 1024
 """Elements per Philox lane in one program. Fixed: changing it changes the values a key
 gives."""
-_WARPS = 4
 _UNIFORM, _NORMAL, _RANDOM, _EXPONENTIAL = 0, 1, 2, 3
 _MAX_COUNTERS = 2**32
 _DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
@@ -146,6 +145,8 @@ def _integer(v, low, span, FULL: tl.constexpr, DT: tl.constexpr):
     return _out(x.to(tl.int64, bitcast=True), DT)
 
 
+# Not deferred: who serves the call decides the numbers (see the dropout kernel).
+@kernel("random_fill", defer=False)
 @triton.jit(do_not_specialize=["a", "b", "c", "low", "span"])
 def _fill_kernel(
     Out,  # a flat run of n elements
@@ -210,6 +211,20 @@ def _fill_kernel(
         tl.store(Out + i0 + 3 * BLOCK, y3, mask=i0 + 3 * BLOCK < n)
 
 
+_CONSTS: dict[tuple[int, bool, bool, float], dict[str, object]] = {}
+
+
+def _consts(mode: int, wide: bool, full: bool, eps: float) -> dict[str, object]:
+    """The constant keywords of one launch, one dict per set (the launch key remembers
+    it by identity)."""
+    key = (mode, wide, full, eps)
+    hit = _CONSTS.get(key)
+    if hit is None:
+        hit = _CONSTS[key] = {"MODE": mode, "WIDE": wide, "FULL": full, "EPS": eps,
+                              "BLOCK": _BLOCK}
+    return hit
+
+
 def _bits(value: float) -> int:
     return int(struct.unpack("<q", struct.pack("<d", value))[0])
 
@@ -248,10 +263,10 @@ def _fill(self: Tensor, generator: torch.Generator | None, mode: int, *, a: floa
     key = philox_key(self.device, generator)
     dense = _dense(self)
     flat = self if dense else torch.empty_like(self, memory_format=torch.contiguous_format)
-    with gemshal.device_guard(self):
-        _fill_kernel[(cdiv(n, per * _BLOCK),)](
-            flat, key, n, _bits(a), _bits(b), _bits(c), _as_int64(low), _as_int64(span),
-            MODE=mode, WIDE=wide, FULL=full, EPS=eps, BLOCK=_BLOCK, num_warps=_WARPS)
+    _fill_kernel.launch(
+        (cdiv(n, per * _BLOCK),),
+        (flat, key, n, _bits(a), _bits(b), _bits(c), _as_int64(low), _as_int64(span)),
+        _consts(mode, wide, full, eps))
     if not dense:
         self.copy_(flat)  # written back through self's strides
     return self

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-import gemshal
+from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, check_supported
@@ -55,6 +55,8 @@ _MAX_COUNTERS = 2**32
 _KEYS_BLOCK = 1024
 
 
+# Not deferred: who serves the call decides the samples (see the dropout kernel).
+@kernel("multinomial", defer=False)
 @triton.jit
 def _inverse_cdf_kernel(
     W,  # weights: row r, category c at r * sw_r + c * sw_c
@@ -98,6 +100,7 @@ def _inverse_cdf_kernel(
     tl.store(Out + row * S + s, chosen.to(tl.int64), mask=live)
 
 
+@kernel("multinomial_keys", defer=False)
 @triton.jit
 def _race_keys_kernel(
     W,  # weights: row r, category c at r * sw_r + c * sw_c
@@ -121,6 +124,21 @@ def _race_keys_kernel(
     tiny = 1.1754943508222875e-38
     keys = tl.where(w > 0, tl.maximum(w / e.to(ACC), tiny), -1.0)
     tl.store(Keys + i, keys, mask=inside)
+
+
+_CONSTS: dict[tuple[object, int, int], dict[str, object]] = {}
+
+
+def _consts(acc: object, block: int, sblock: int) -> dict[str, object]:
+    """The constant keywords of one launch (``sblock`` 0: the keys kernel's, which has
+    none), one dict per set: the launch key remembers it by identity."""
+    key = (acc, block, sblock)
+    hit = _CONSTS.get(key)
+    if hit is None:
+        hit = {"ACC": acc, "BLOCK": block} if not sblock else {
+            "ACC": acc, "BLOCK": block, "SBLOCK": sblock}
+        _CONSTS[key] = hit
+    return hit
 
 
 def _check_rows(w: Tensor, num_samples: int, replacement: bool) -> None:
@@ -199,10 +217,9 @@ def multinomial(self: Tensor, num_samples: int, replacement: bool = False, *,
         sblock = min(next_power_of_2(num_samples), _MAX_SAMPLE_BLOCK)
         block = min(max(32, _BLOCK * 4 // sblock), max(16, next_power_of_2(categories)))
         grid = (rows, cdiv(num_samples, sblock))
-        with gemshal.device_guard(self):
-            _inverse_cdf_kernel[grid](w, out, key, categories, num_samples, w.stride(0),
-                                      w.stride(1), ACC=acc, BLOCK=block,
-                                      SBLOCK=sblock, num_warps=4)
+        _inverse_cdf_kernel.launch(
+            grid, (w, out, key, categories, num_samples, w.stride(0), w.stride(1)),
+            _consts(acc, block, sblock))
     else:
         if num_samples > MAX_K:
             raise Unsupported(f"multinomial of {num_samples} samples without replacement "
@@ -216,9 +233,8 @@ def multinomial(self: Tensor, num_samples: int, replacement: bool = False, *,
         keys = torch.empty((rows, categories),
                            dtype=torch.float64 if acc == tl.float64 else torch.float32,
                            device=self.device)
-        with gemshal.device_guard(self):
-            _race_keys_kernel[(cdiv(n, _KEYS_BLOCK),)](w, keys, key, categories, n,
-                                                       w.stride(0), w.stride(1), ACC=acc,
-                                                       BLOCK=_KEYS_BLOCK, num_warps=4)
+        _race_keys_kernel.launch(
+            (cdiv(n, _KEYS_BLOCK),), (w, keys, key, categories, n, w.stride(0), w.stride(1)),
+            _consts(acc, _KEYS_BLOCK, 0))
         out = topk(keys, num_samples, -1, True, True)[1]
     return out if self.dim() == 2 else out[0]
