@@ -44,6 +44,7 @@ from torch import Tensor
 import gemshal
 from gemsops.declare import op
 from gemsops.errors import Unsupported
+from gemsops.ops.attention import decode
 from gemsops.ops.attention.dropout import (
     Dropout,
     check_paired,
@@ -186,6 +187,10 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, cau
     Hkv, Lk = key.shape[1], key.shape[2]
     if B * Hq * Lq == 0:
         return
+    if decode.takes(query, key, bias, drop):
+        # Decode shapes: split keys, grouped-query heads packed into the tile's rows.
+        decode.forward(query, key, value, bias, causal, scale, out, lse)
+        return
     consts = _consts("fwd", query.dtype, D, causal, bias is not None, dropout=drop is not None)
     seed, offset = (query, query) if drop is None else (drop.seed, drop.offset)
     p, keep_scale = (0.0, 1.0) if drop is None else (drop.p, drop.scale)
@@ -306,7 +311,7 @@ def _cudnn_backward_replay(*args: Any, **kwargs: Any) -> bool:
 
 
 @op("_scaled_dot_product_flash_attention.default", public=False)
-@replayable(when=_flash_replay)
+@replayable(when=_flash_replay, workspaces=True)  # decode.forward's split workspace
 def flash_attention(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,
                     is_causal: bool = False, return_debug_mask: bool = False, *,
                     scale: float | None = None) -> tuple[Any, ...]:
@@ -444,7 +449,7 @@ def efficient_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, v
 
 
 @op("_scaled_dot_product_cudnn_attention.default", public=False)
-@replayable(when=_cudnn_replay)
+@replayable(when=_cudnn_replay, workspaces=True)  # decode.forward's split workspace
 def cudnn_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias: Tensor | None,
                     compute_log_sumexp: bool, dropout_p: float = 0.0, is_causal: bool = False,
                     return_debug_mask: bool = False, *,
@@ -518,7 +523,7 @@ def _no_cpu_dropout(p: float) -> None:
 
 
 @op("_scaled_dot_product_flash_attention_for_cpu.default", public=False)
-@replayable(when=_no_bool_mask)
+@replayable(when=_no_bool_mask, workspaces=True)  # decode.forward's split workspace
 def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,
                             is_causal: bool = False, *, attn_mask: Tensor | None = None,
                             scale: float | None = None) -> tuple[Tensor, Tensor]:
