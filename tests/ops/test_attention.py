@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gemshal
@@ -101,6 +101,68 @@ def test_forward_matches_math(p: dict) -> None:
                          p["q"], p["k"], p["v"], p["mask"])
     assert actual.dtype == p["q"].dtype
     assert_close(actual, expected, reduce_size=_sizes(p)[0])
+
+
+@pytest.fixture
+def with_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The current device, as if its vendor declared tensor descriptors for it."""
+    import attrs
+
+    real = gemshal.device_of
+
+    def device_of(t: torch.Tensor) -> gemshal.Device:
+        d = real(t)
+        return attrs.evolve(d, features=d.features | {"tensor_descriptors"})
+
+    monkeypatch.setattr(gemshal, "device_of", device_of)
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # a patch, no state
+@given(p=problems(), layout=st.sampled_from(["bhld", "blhd"]))
+def test_forward_through_tensor_descriptors_matches_math(with_descriptors: None, p: dict,
+                                                         layout: str) -> None:
+    """Property: where the device has tensor descriptors, fp16/bf16 attention whose
+    matrices meet the descriptor rules (a unit head-dim stride, 16-byte aligned rows and
+    heads; SDPA's [B, L, H, D] memory seen as [B, H, L, D] included) moves its tiles
+    through descriptors, with zeros past the sequence ends, and still equals torch's
+    math attention."""
+    dtype = p["q"].dtype
+    if dtype not in (torch.float16, torch.bfloat16):
+        dtype = torch.bfloat16
+
+    def laid(t: torch.Tensor) -> torch.Tensor:
+        t = t.to(dtype)
+        if layout == "blhd":
+            return t.transpose(1, 2).contiguous().transpose(1, 2)
+        return t.contiguous()
+
+    q, k, v = laid(p["q"]), laid(p["k"]), laid(p["v"])
+    mask = None if p["mask"] is None else p["mask"].to(dtype) if p["mask"].dtype != torch.bool \
+        else p["mask"]
+    if q.numel() and k.numel():
+        assert A._descriptors(q, k, v)
+    actual = gemsops.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=p["causal"], scale=p["scale"], enable_gqa=p["gqa"])
+    expected = reference(lambda q, k, v, m: _expected(p, q, k, v, m), q, k, v, mask)
+    assert_close(actual, expected, reduce_size=_sizes(p)[0])
+
+
+def test_descriptors_follow_the_alignment_rules(with_descriptors: None) -> None:
+    """A unit head-dim stride, 16-byte aligned bases and strides, fp16/bf16: descriptors;
+    fp32, a strided head dim or an odd row offset: the pointer path."""
+    x = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16, device=DEVICE)
+    assert A._descriptors(x, x, x)
+    assert not A._descriptors(x.float(), x.float(), x.float())
+    strided = torch.randn(1, 2, 8, 32, dtype=torch.bfloat16, device=DEVICE)[..., ::2]
+    assert not A._descriptors(strided, x, x)
+    offset = torch.randn(1, 2, 8 * 16 + 1, dtype=torch.bfloat16, device=DEVICE)[..., 1:]
+    assert not A._descriptors(offset.view(1, 2, 8, 16), x, x)
+    A.DESCRIPTORS[0] = False
+    try:
+        assert not A._descriptors(x, x, x)
+    finally:
+        A.DESCRIPTORS[0] = True
 
 
 @settings(max_examples=12)

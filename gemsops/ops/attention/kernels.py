@@ -52,6 +52,78 @@ def dropout_keep(seed, offset, bh, rows, start_n, Lq, Lk, p, BLOCK_N: tl.constex
     return tl.uint_to_uniform_float(bits) >= p
 
 
+@triton.jit
+def _fwd_blocks(
+    acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, bias_base, rows, mask_m, lo, hi,
+    skn, skd, svn, svd, sbm, sbn, Lq, Lk, qk_scale, seed, offset, bh, dropout_p,
+    D: tl.constexpr,
+    DESC: tl.constexpr,  # K and V tiles through tensor descriptors (zero past Lk)
+    MASKED: tl.constexpr,  # mask keys past Lk and, with CAUSAL, keys after each query
+    CAUSAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # The online softmax over key blocks lo, lo + BLOCK_N, ... < hi. Unmasked blocks
+    # (MASKED False) lie inside Lk and before every query of the tile: no key mask, no
+    # causal test, unmasked loads.
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if MASKED:
+            mask_n = cols < Lk
+        if DESC:
+            kt = tl.trans(k_desc.load([start_n, 0]))
+            v = v_desc.load([start_n, 0])
+        else:
+            k_ptrs = k_base + cols[None, :] * skn + offs_d[:, None] * skd
+            v_ptrs = v_base + cols[:, None] * svn + offs_d[None, :] * svd
+            if MASKED:
+                kt = tl.load(k_ptrs, mask=mask_n[None, :], other=0.0)
+                v = tl.load(v_ptrs, mask=mask_n[:, None], other=0.0)
+            else:
+                kt = tl.load(k_ptrs)
+                v = tl.load(v_ptrs)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        qk = tl.dot(q, kt, input_precision=PRECISION)
+        if HAS_BIAS or MASKED:
+            s = qk * qk_scale
+            if HAS_BIAS:
+                bias_mask = mask_m[:, None] & mask_n[None, :] if MASKED else mask_m[:, None]
+                bias = tl.load(bias_base + rows[:, None] * sbm + cols[None, :] * sbn,
+                               mask=bias_mask, other=0.0)
+                s += bias.to(tl.float32) * LOG2E
+            if MASKED:
+                keep = mask_n[None, :]
+                if CAUSAL:
+                    keep = keep & (cols[None, :] <= rows[:, None])
+                s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with no visible key so far keeps m = -inf; subtract 0 there (no nan).
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_use[:, None])
+        else:
+            # Every score is finite here: fold the scale into the exponent's argument.
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_use = m_new
+            p = tl.exp2(qk * qk_scale - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if DROPOUT:
+            # The normaliser l_i sums every probability; only the kept ones reach v.
+            kept = dropout_keep(seed, offset, bh, rows, start_n, Lq, Lk, dropout_p, BLOCK_N)
+            p = tl.where(kept, p, 0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
 @kernel("attention_fwd", key=["Lq", "Lk", "D"])
 @triton.jit
 def attention_fwd_kernel(
@@ -78,26 +150,45 @@ def attention_fwd_kernel(
     UPCAST: tl.constexpr,  # widen bf16 tiles to fp32 before tl.dot (the interpreter)
     PRECISION: tl.constexpr,  # tl.dot input_precision for fp32 operands
     DROPOUT: tl.constexpr,
+    DESC: tl.constexpr,  # Q, K, V and O tiles through tensor descriptors (unit last stride)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
+    # Causal: the last query blocks see the most keys; they start first, so the short
+    # programs fill the tail of the launch.
     pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     hk = h // GROUP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     mask_m = rows < Lq
 
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=mask_m[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
+    if DESC:
+        # One [L, D] matrix per (batch, head); rows past L load as zeros, and the
+        # output's are not written.
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[Lk, D], strides=[skn, 1],
+                                           block_shape=[BLOCK_N, D])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[Lk, D], strides=[svn, 1],
+                                           block_shape=[BLOCK_N, D])
+        q_desc = tl.make_tensor_descriptor(Q + b * sqb + h * sqh, shape=[Lq, D],
+                                           strides=[sqm, 1], block_shape=[BLOCK_M, D])
+        q = q_desc.load([pid_m * BLOCK_M, 0])
+    else:
+        k_desc = 0
+        v_desc = 0
+        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd,
+                    mask=mask_m[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
     bias_base = Bias + b * sbb + h * sbh
+    seed = 0
+    offset = 0
     if DROPOUT:
         seed = tl.load(Seed)
         offset = tl.load(Offset)
@@ -105,50 +196,35 @@ def attention_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    # Keys [0, full) are inside Lk and visible to every query of the tile (causal: they
+    # come before its first query); keys [full, hi) need the masks.
     hi = Lk
+    full = (Lk // BLOCK_N) * BLOCK_N
     if CAUSAL:
         hi = tl.minimum(Lk, (pid_m + 1) * BLOCK_M)  # later key blocks are all masked
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        mask_n = cols < Lk
-        kt = tl.load(k_base + cols[None, :] * skn + offs_d[:, None] * skd,
-                     mask=mask_n[None, :], other=0.0)
-        v = tl.load(v_base + cols[:, None] * svn + offs_d[None, :] * svd,
-                    mask=mask_n[:, None], other=0.0)
-        if UPCAST:
-            kt = kt.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-        if HAS_BIAS:
-            bias = tl.load(bias_base + rows[:, None] * sbm + cols[None, :] * sbn,
-                           mask=mask_m[:, None] & mask_n[None, :], other=0.0)
-            s += bias.to(tl.float32) * LOG2E
-        keep = mask_n[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None])
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row with no visible key so far keeps m = -inf; subtract 0 there (no nan).
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        if DROPOUT:
-            # The normaliser l_i sums every probability; only the kept ones reach v.
-            kept = dropout_keep(seed, offset, b * H + h, rows, start_n, Lq, Lk, dropout_p,
-                                BLOCK_N)
-            p = tl.where(kept, p, 0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-        m_i = m_new
+        full = (tl.minimum(Lk, pid_m * BLOCK_M) // BLOCK_N) * BLOCK_N
+    bh = b * H + h
+    acc, l_i, m_i = _fwd_blocks(
+        acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, bias_base, rows, mask_m, 0, full,
+        skn, skd, svn, svd, sbm, sbn, Lq, Lk, qk_scale, seed, offset, bh, dropout_p,
+        D, DESC, False, CAUSAL, HAS_BIAS, UPCAST, PRECISION, DROPOUT, BLOCK_N)
+    acc, l_i, m_i = _fwd_blocks(
+        acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, bias_base, rows, mask_m, full, hi,
+        skn, skd, svn, svd, sbm, sbn, Lq, Lk, qk_scale, seed, offset, bh, dropout_p,
+        D, DESC, True, CAUSAL, HAS_BIAS, UPCAST, PRECISION, DROPOUT, BLOCK_N)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
     if DROPOUT:
         out = out * dropout_scale
-    tl.store(O + b * sob + h * soh + rows[:, None] * som + offs_d[None, :] * sod,
-             out.to(O.dtype.element_ty), mask=mask_m[:, None])
+    if DESC:
+        o_desc = tl.make_tensor_descriptor(O + b * sob + h * soh, shape=[Lq, D],
+                                           strides=[som, 1], block_shape=[BLOCK_M, D])
+        o_desc.store([pid_m * BLOCK_M, 0], out.to(O.dtype.element_ty))
+    else:
+        tl.store(O + b * sob + h * soh + rows[:, None] * som + offs_d[None, :] * sod,
+                 out.to(O.dtype.element_ty), mask=mask_m[:, None])
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)
     tl.store(LSE + b * slb + h * slh + rows * slm, lse, mask=mask_m)
 
@@ -176,6 +252,83 @@ def attention_bwd_pre_kernel(
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdm + offs_d[None, :] * sdd,
                  mask=mask[:, None], other=0.0).to(tl.float32)
     tl.store(Delta + pid_bh.to(tl.int64) * Lq + rows, tl.sum(o * do, 1), mask=mask)
+
+
+@triton.jit
+def _dkdv_blocks(
+    dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base, dbias_base, cols, mask_n,
+    lo, hi, n0, sqm, sqd, sdom, sdod, slm, sbm, sbn, sgm, sgn, Lq, Lk, qk_scale, seed, offset,
+    bh, dropout_p, dropout_scale,
+    D: tl.constexpr,
+    MASKED: tl.constexpr,  # mask queries past Lq and, with CAUSAL, queries before a key
+    CAUSAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # dK and dV of BLOCK_N keys over the query blocks lo, lo + BLOCK_M, ... < hi of one
+    # query head. Unmasked blocks (MASKED False) lie inside Lq and after every key of the
+    # tile: no query mask, no causal test, unmasked loads. Keys past Lk (a partial last
+    # key block) only reach rows of dK and dV that are never stored.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    for start_m in range(lo, hi, BLOCK_M):
+        rows = start_m + offs_m
+        qt_ptrs = q_base + rows[None, :] * sqm + offs_d[:, None] * sqd
+        do_ptrs = do_base + rows[:, None] * sdom + offs_d[None, :] * sdod
+        if MASKED:
+            mask_m = rows < Lq
+            qt = tl.load(qt_ptrs, mask=mask_m[None, :], other=0.0)
+            do = tl.load(do_ptrs, mask=mask_m[:, None], other=0.0)
+            lse = tl.load(lse_base + rows * slm, mask=mask_m, other=0.0)
+            delta = tl.load(delta_base + rows, mask=mask_m, other=0.0)
+        else:
+            qt = tl.load(qt_ptrs)
+            do = tl.load(do_ptrs)
+            lse = tl.load(lse_base + rows * slm)
+            delta = tl.load(delta_base + rows)
+        if UPCAST:
+            qt = qt.to(tl.float32)
+            do = do.to(tl.float32)
+        # A row that saw no key (lse = -inf) has p = 0 everywhere.
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
+        st = tl.dot(k, qt, input_precision=PRECISION)
+        if HAS_BIAS:
+            st = st * qk_scale
+            tile = mask_m[None, :] & mask_n[:, None] if MASKED else mask_n[:, None]
+            bias = tl.load(bias_base + rows[None, :] * sbm + cols[:, None] * sbn,
+                           mask=tile, other=0.0)
+            pt = tl.exp2(st + bias.to(tl.float32) * LOG2E - lse2[None, :])
+        else:
+            pt = tl.exp2(st * qk_scale - lse2[None, :])
+        if MASKED:
+            keep = mask_m[None, :] & mask_n[:, None]
+            if CAUSAL:
+                keep = keep & (cols[:, None] <= rows[None, :])
+            pt = tl.where(keep, pt, 0.0)
+        if DROPOUT:
+            # Z = P * kept / (1 - p): dV = Z^T dO, dP = dZ * kept / (1 - p), and
+            # rowsum(dP * P) is still rowsum(dO * O) (delta).
+            kept = tl.trans(dropout_keep(seed, offset, bh, rows, n0, Lq, Lk, dropout_p,
+                                         BLOCK_N))
+            zt = tl.where(kept, pt * dropout_scale, 0.0)
+            dv = tl.dot(zt.to(do.dtype), do, dv, input_precision=PRECISION)
+        else:
+            dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+        dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        if DROPOUT:
+            dpt = tl.where(kept, dpt * dropout_scale, 0.0)
+        dst = pt * (dpt - delta[None, :])
+        if BIAS_GRAD:
+            written = keep if MASKED else mask_n[:, None] & (rows[None, :] >= 0)
+            tl.store(dbias_base + rows[None, :] * sgm + cols[:, None] * sgn,
+                     dst.to(dbias_base.dtype.element_ty), mask=written)
+        dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=PRECISION)
+    return dk, dv
 
 
 @kernel("attention_bwd_dkdv", key=["Lq", "Lk", "D"])
@@ -213,14 +366,15 @@ def attention_bwd_dkdv_kernel(
     # One program owns BLOCK_N keys of one key/value head and walks every query block of
     # the GROUP query heads reading it, so dK and dV are summed here, without atomics.
     # Scores are computed transposed ([BLOCK_N, BLOCK_M]) so the sums over queries are
-    # plain tl.dot products.
+    # plain tl.dot products. Causal: the first key blocks see the most queries, and
+    # they already start first.
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     HKV = H // GROUP
     b = (pid_bh // HKV).to(tl.int64)
     hk = (pid_bh % HKV).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+    n0 = pid_n * BLOCK_N
+    cols = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     mask_n = cols < Lk
     k = tl.load(K + b * skb + hk * skh + cols[:, None] * skn + offs_d[None, :] * skd,
@@ -233,63 +387,104 @@ def attention_bwd_dkdv_kernel(
     qk_scale = scale * LOG2E
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    seed = 0
+    offset = 0
     if DROPOUT:
         seed = tl.load(Seed)
         offset = tl.load(Offset)
+    # Query blocks [lo, diag) may hold a query before one of the tile's keys (causal),
+    # [diag, full) are inside Lq and after all of them, [full, Lq) is the partial last.
     lo = 0
+    diag = 0
     if CAUSAL:
-        lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M  # earlier query blocks see none of these keys
+        lo = (n0 // BLOCK_M) * BLOCK_M  # earlier query blocks see none of these keys
+        diag = tl.minimum(lo + tl.cdiv(n0 + BLOCK_N - lo, BLOCK_M) * BLOCK_M,
+                          (Lq // BLOCK_M) * BLOCK_M)
+        diag = tl.maximum(diag, lo)
+    full = tl.maximum((Lq // BLOCK_M) * BLOCK_M, diag)
     for g in range(0, GROUP):
         h = hk * GROUP + g
+        bh = b * H + h
         q_base = Q + b * sqb + h * sqh
         do_base = DO + b * sdob + h * sdoh
-        for start_m in range(lo, Lq, BLOCK_M):
-            rows = start_m + offs_m
-            mask_m = rows < Lq
-            qt = tl.load(q_base + rows[None, :] * sqm + offs_d[:, None] * sqd,
-                         mask=mask_m[None, :], other=0.0)
-            do = tl.load(do_base + rows[:, None] * sdom + offs_d[None, :] * sdod,
-                         mask=mask_m[:, None], other=0.0)
-            if UPCAST:
-                qt = qt.to(tl.float32)
-                do = do.to(tl.float32)
-            lse = tl.load(LSE + b * slb + h * slh + rows * slm, mask=mask_m, other=0.0)
-            # A row that saw no key (lse = -inf) has p = 0 everywhere.
-            lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
-            delta = tl.load(Delta + (b * H + h) * Lq + rows,
-                            mask=mask_m, other=0.0)
-            st = tl.dot(k, qt, input_precision=PRECISION) * qk_scale
-            if HAS_BIAS:
-                bias = tl.load(Bias + b * sbb + h * sbh + rows[None, :] * sbm
-                               + cols[:, None] * sbn,
-                               mask=mask_m[None, :] & mask_n[:, None], other=0.0)
-                st += bias.to(tl.float32) * LOG2E
-            keep = mask_m[None, :] & mask_n[:, None]
-            if CAUSAL:
-                keep = keep & (cols[:, None] <= rows[None, :])
-            pt = tl.where(keep, tl.exp2(st - lse2[None, :]), 0.0)
-            if DROPOUT:
-                # Z = P * kept / (1 - p): dV = Z^T dO, dP = dZ * kept / (1 - p), and
-                # rowsum(dP * P) is still rowsum(dO * O) (delta).
-                kept = tl.trans(dropout_keep(seed, offset, b * H + h, rows, pid_n * BLOCK_N,
-                                             Lq, Lk, dropout_p, BLOCK_N))
-                zt = tl.where(kept, pt * dropout_scale, 0.0)
-                dv = tl.dot(zt.to(do.dtype), do, dv, input_precision=PRECISION)
-            else:
-                dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
-            dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-            if DROPOUT:
-                dpt = tl.where(kept, dpt * dropout_scale, 0.0)
-            dst = pt * (dpt - delta[None, :])
-            if BIAS_GRAD:
-                tl.store(DBias + b * sgb + h * sgh + rows[None, :] * sgm + cols[:, None] * sgn,
-                         dst.to(DBias.dtype.element_ty), mask=keep)
-            dk = tl.dot(dst.to(qt.dtype), tl.trans(qt), dk, input_precision=PRECISION)
+        lse_base = LSE + b * slb + h * slh
+        delta_base = Delta + bh * Lq
+        bias_base = Bias + b * sbb + h * sbh
+        dbias_base = DBias + b * sgb + h * sgh
+        dk, dv = _dkdv_blocks(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base, dbias_base,
+            cols, mask_n, lo, diag, n0, sqm, sqd, sdom, sdod, slm, sbm, sbn, sgm, sgn, Lq,
+            Lk, qk_scale, seed, offset, bh, dropout_p, dropout_scale,
+            D, True, CAUSAL, HAS_BIAS, BIAS_GRAD, UPCAST, PRECISION, DROPOUT, BLOCK_M,
+            BLOCK_N)
+        dk, dv = _dkdv_blocks(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base, dbias_base,
+            cols, mask_n, diag, full, n0, sqm, sqd, sdom, sdod, slm, sbm, sbn, sgm, sgn, Lq,
+            Lk, qk_scale, seed, offset, bh, dropout_p, dropout_scale,
+            D, False, CAUSAL, HAS_BIAS, BIAS_GRAD, UPCAST, PRECISION, DROPOUT, BLOCK_M,
+            BLOCK_N)
+        dk, dv = _dkdv_blocks(
+            dk, dv, k, v, q_base, do_base, lse_base, delta_base, bias_base, dbias_base,
+            cols, mask_n, full, Lq, n0, sqm, sqd, sdom, sdod, slm, sbm, sbn, sgm, sgn, Lq,
+            Lk, qk_scale, seed, offset, bh, dropout_p, dropout_scale,
+            D, True, CAUSAL, HAS_BIAS, BIAS_GRAD, UPCAST, PRECISION, DROPOUT, BLOCK_M,
+            BLOCK_N)
     dk = dk * scale
     tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdkn + offs_d[None, :] * sdkd,
              dk.to(DK.dtype.element_ty), mask=mask_n[:, None])
     tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvn + offs_d[None, :] * sdvd,
              dv.to(DV.dtype.element_ty), mask=mask_n[:, None])
+
+
+@triton.jit
+def _dq_blocks(
+    dq, q, do, lse2, delta, k_base, v_base, bias_base, rows, mask_m, lo, hi,
+    skn, skd, svn, svd, sbm, sbn, Lq, Lk, qk_scale, seed, offset, bh, dropout_p, dropout_scale,
+    D: tl.constexpr,
+    MASKED: tl.constexpr,  # mask keys past Lk and, with CAUSAL, keys after each query
+    CAUSAL: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kt_ptrs = k_base + cols[None, :] * skn + offs_d[:, None] * skd
+        vt_ptrs = v_base + cols[None, :] * svn + offs_d[:, None] * svd
+        if MASKED:
+            mask_n = cols < Lk
+            kt = tl.load(kt_ptrs, mask=mask_n[None, :], other=0.0)
+            vt = tl.load(vt_ptrs, mask=mask_n[None, :], other=0.0)
+        else:
+            kt = tl.load(kt_ptrs)
+            vt = tl.load(vt_ptrs)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        qk = tl.dot(q, kt, input_precision=PRECISION)
+        if HAS_BIAS:
+            tile = mask_m[:, None] & mask_n[None, :] if MASKED else mask_m[:, None]
+            bias = tl.load(bias_base + rows[:, None] * sbm + cols[None, :] * sbn,
+                           mask=tile, other=0.0)
+            p = tl.exp2(qk * qk_scale + bias.to(tl.float32) * LOG2E - lse2[:, None])
+        else:
+            p = tl.exp2(qk * qk_scale - lse2[:, None])
+        if MASKED:
+            keep = mask_m[:, None] & mask_n[None, :]
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None])
+            p = tl.where(keep, p, 0.0)
+        dp = tl.dot(do, vt, input_precision=PRECISION)
+        if DROPOUT:
+            kept = dropout_keep(seed, offset, bh, rows, start_n, Lq, Lk, dropout_p, BLOCK_N)
+            dp = tl.where(kept, dp * dropout_scale, 0.0)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PRECISION)
+    return dq
 
 
 @kernel("attention_bwd_dq", key=["Lq", "Lk", "D"])
@@ -318,14 +513,16 @@ def attention_bwd_dq_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # One program owns BLOCK_M queries of one head and walks the key blocks they see.
+    # One program owns BLOCK_M queries of one head and walks the key blocks they see
+    # (causal: the last query blocks, which see the most keys, start first).
     pid_m = tl.program_id(0)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
     hk = h // GROUP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     mask_m = rows < Lq
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd,
@@ -341,39 +538,28 @@ def attention_bwd_dq_kernel(
     qk_scale = scale * LOG2E
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
+    bias_base = Bias + b * sbb + h * sbh
     dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    seed = 0
+    offset = 0
     if DROPOUT:
         seed = tl.load(Seed)
         offset = tl.load(Offset)
+    # As the forward: keys [0, full) need no mask, [full, hi) do.
     hi = Lk
+    full = (Lk // BLOCK_N) * BLOCK_N
     if CAUSAL:
         hi = tl.minimum(Lk, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        mask_n = cols < Lk
-        kt = tl.load(k_base + cols[None, :] * skn + offs_d[:, None] * skd,
-                     mask=mask_n[None, :], other=0.0)
-        vt = tl.load(v_base + cols[None, :] * svn + offs_d[:, None] * svd,
-                     mask=mask_n[None, :], other=0.0)
-        if UPCAST:
-            kt = kt.to(tl.float32)
-            vt = vt.to(tl.float32)
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
-        if HAS_BIAS:
-            bias = tl.load(Bias + b * sbb + h * sbh + rows[:, None] * sbm + cols[None, :] * sbn,
-                           mask=mask_m[:, None] & mask_n[None, :], other=0.0)
-            s += bias.to(tl.float32) * LOG2E
-        keep = mask_m[:, None] & mask_n[None, :]
-        if CAUSAL:
-            keep = keep & (cols[None, :] <= rows[:, None])
-        p = tl.where(keep, tl.exp2(s - lse2[:, None]), 0.0)
-        dp = tl.dot(do, vt, input_precision=PRECISION)
-        if DROPOUT:
-            kept = dropout_keep(seed, offset, b * H + h, rows, start_n, Lq, Lk, dropout_p,
-                                BLOCK_N)
-            dp = tl.where(kept, dp * dropout_scale, 0.0)
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(kt.dtype), tl.trans(kt), dq, input_precision=PRECISION)
+        full = (tl.minimum(Lk, pid_m * BLOCK_M) // BLOCK_N) * BLOCK_N
+    bh = b * H + h
+    dq = _dq_blocks(dq, q, do, lse2, delta, k_base, v_base, bias_base, rows, mask_m, 0, full,
+                    skn, skd, svn, svd, sbm, sbn, Lq, Lk, qk_scale, seed, offset, bh,
+                    dropout_p, dropout_scale,
+                    D, False, CAUSAL, HAS_BIAS, UPCAST, PRECISION, DROPOUT, BLOCK_N)
+    dq = _dq_blocks(dq, q, do, lse2, delta, k_base, v_base, bias_base, rows, mask_m, full, hi,
+                    skn, skd, svn, svd, sbm, sbn, Lq, Lk, qk_scale, seed, offset, bh,
+                    dropout_p, dropout_scale,
+                    D, True, CAUSAL, HAS_BIAS, UPCAST, PRECISION, DROPOUT, BLOCK_N)
     dq = dq * scale
     tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqm + offs_d[None, :] * sdqd,
              dq.to(DQ.dtype.element_ty), mask=mask_m[:, None])

@@ -153,11 +153,12 @@ _CONSTS: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 def _consts(kind: str, dtype: torch.dtype, D: int, causal: bool, has_bias: bool,
-            bias_grad: bool = False, dropout: bool = False) -> dict[str, Any]:
+            bias_grad: bool = False, dropout: bool = False, desc: bool = False
+            ) -> dict[str, Any]:
     """The constant keywords of one launch (cached: one dict per key, never changed, so
     the launcher recognises it)."""
-    key = (kind, dtype, D, causal, has_bias, bias_grad, dropout, gemshal.current_vendor(),
-           torch.get_float32_matmul_precision())
+    key = (kind, dtype, D, causal, has_bias, bias_grad, dropout, desc,
+           gemshal.current_vendor(), torch.get_float32_matmul_precision())
     hit = _CONSTS.get(key)
     if hit is not None:
         return hit
@@ -172,8 +173,34 @@ def _consts(kind: str, dtype: torch.dtype, D: int, causal: bool, has_bias: bool,
                               "PRECISION": precision, "DROPOUT": dropout}
     if kind == "dkdv":
         consts["BIAS_GRAD"] = bias_grad
+    if kind == "fwd":
+        consts["DESC"] = desc
     _CONSTS[key] = consts
     return consts
+
+
+DESCRIPTORS = [True]
+"""Whether the forward may move its Q, K, V and O tiles through tensor descriptors where
+the device has them (:func:`_descriptors`); a switch for A/B measurements."""
+
+
+def _descriptors(*tensors: Tensor) -> bool:
+    """Whether the forward's tiles can move through tensor descriptors: the device has
+    ``tensor_descriptors``, the tensors are fp16/bf16 with a unit stride in the head
+    dim, and every (batch, head) matrix starts, and each of its rows starts, on a
+    16-byte boundary."""
+    first = tensors[0]
+    if not DESCRIPTORS[0] or first.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if not gemshal.device_of(first).has("tensor_descriptors"):
+        return False
+    size = first.element_size()
+    for t in tensors:
+        if t.stride(3) != 1 or t.data_ptr() % 16:
+            return False
+        if any(stride * size % 16 for stride in t.stride()[:3]):
+            return False
+    return True
 
 
 # --- launches -----------------------------------------------------------------------
@@ -191,7 +218,11 @@ def _forward(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, cau
         # Decode shapes: split keys, grouped-query heads packed into the tile's rows.
         decode.forward(query, key, value, bias, causal, scale, out, lse)
         return
-    consts = _consts("fwd", query.dtype, D, causal, bias is not None, dropout=drop is not None)
+    desc = _descriptors(query, key, value, out)
+    if desc:
+        gemshal.ensure_scratch_allocator()
+    consts = _consts("fwd", query.dtype, D, causal, bias is not None,
+                     dropout=drop is not None, desc=desc)
     seed, offset = (query, query) if drop is None else (drop.seed, drop.offset)
     p, keep_scale = (0.0, 1.0) if drop is None else (drop.p, drop.scale)
     attention_fwd_kernel.launch(
