@@ -265,6 +265,15 @@ def _native_hits() -> int:
     return sum(v["hits"] for v in native.stats().values()) if native.available() else 0
 
 
+def _native_by_overload() -> dict[str, int]:
+    """Native hits so far per overload."""
+    from gemsops import native
+
+    if not native.available():
+        return {}
+    return {k: v["hits"] for k, v in native.stats().items()}
+
+
 def kernels(models: list[str], top: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
@@ -289,12 +298,14 @@ def kernels(models: list[str], top: int) -> None:
                     torch.cuda.synchronize()
                 wall = _median_ms(model, inputs, opt, 5)
                 hits0 = _native_hits()
+                by0 = _native_by_overload()
                 with profile(activities=[ProfilerActivity.CUDA]) as prof, \
                         gemsops.record() as rec:
                     for _ in range(3):
                         _step(model, inputs, opt)
                     torch.cuda.synchronize()
                 native_hits = _native_hits() - hits0
+                by1 = _native_by_overload()
             rows = []
             total = 0.0
             for ev in prof.key_averages():
@@ -316,6 +327,12 @@ def kernels(models: list[str], top: int) -> None:
                   flush=True)
             if side == "gemsops" and rec.fallbacks:
                 print("  handed back:", dict(rec.fallbacks.most_common(8)), flush=True)
+            if side == "gemsops":
+                # Served calls that took the Python path (served less native hits), per step.
+                python = {k: (n - by1.get(k, 0) + by0.get(k, 0)) // 3
+                          for k, n in rec.served.items()}
+                python = {k: n for k, n in sorted(python.items(), key=lambda kv: -kv[1]) if n}
+                print("  python path per step:", python, flush=True)
             for ms, count, key in rows[:top]:
                 print(f"  {ms:8.3f} ms  {count:5d}x  {key}", flush=True)
         del model, inputs, opt
