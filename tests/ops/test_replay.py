@@ -347,3 +347,32 @@ def test_dropout_backward_replays_and_a_mask_in_another_layout_runs_as_written()
     got = dropout_module.native_dropout_backward(g, mask_t, 2.0)
     assert torch.equal(got, g * mask_t * 2.0)
     assert replay.kept() == 1
+
+
+def test_efficient_attention_with_a_padding_bias_replays_its_forward() -> None:
+    """The efficient forward with a float bias (BERT's padding mask) replays with the new
+    tensors; a logsumexp with padding columns (filled by a torch call) and a bool mask
+    (made into a bias by torch calls) are never kept."""
+    from gemsops.ops.attention import sdpa
+
+    dev = target_device()
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(1, 2, 32, 16, generator=gen).to(dev) for _ in range(3))
+        bias = torch.zeros(1, 1, 1, 32, device=dev)
+        bias[..., 24 + seed:] = float("-inf")
+        out, lse, _, _ = sdpa.efficient_attention(q, k, v, bias, True, 0.0, False)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.double().cpu(), k.double().cpu(), v.double().cpu(),
+            attn_mask=bias.double().cpu())
+        assert_close(out, want, reduce_size=32)
+        ref_lse = torch.logsumexp(
+            (q.double().cpu() @ k.double().cpu().transpose(-1, -2)) / 4 + bias.double().cpu(),
+            dim=-1)
+        assert_close(lse[..., :32], ref_lse.float(), reduce_size=32)
+    assert replay.kept() == 1
+    q33 = torch.randn(1, 2, 33, 16).to(dev)
+    sdpa.efficient_attention(q33, q33, q33, None, True, 0.0, False)
+    sdpa.efficient_attention(q, k, v, torch.ones(32, 32, dtype=torch.bool, device=dev),
+                             True, 0.0, False)
+    assert replay.kept() == 1

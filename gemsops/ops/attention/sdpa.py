@@ -318,6 +318,18 @@ def _no_bias(*args: Any, **kwargs: Any) -> bool:
     return bias is None and _no_dropout(9, args, kwargs)
 
 
+def _efficient_replay(*args: Any, **kwargs: Any) -> bool:
+    # The forward fills the logsumexp's padding columns (past Lq, up to a multiple of 32)
+    # with a torch call: replayed only where there are none, without dropout or a bool
+    # mask.
+    query = kwargs.get("query", args[0] if args else None)
+    lse = kwargs.get("compute_log_sumexp", args[4] if len(args) > 4 else False)
+    if not isinstance(query, Tensor) or query.dim() != 4:
+        return False
+    padded = bool(lse) and query.shape[2] % LSE_ALIGN != 0
+    return not padded and _no_dropout(5, args, kwargs) and _no_bool_mask(*args, **kwargs)
+
+
 def _no_dropout(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     # A dropout forward draws its Philox state with a torch call and a dropout backward
     # checks the state's origin on the host: neither is replayed.
@@ -402,6 +414,7 @@ def flash_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value
 
 
 @op("_scaled_dot_product_efficient_attention.default", public=False)
+@replayable(when=_efficient_replay, workspaces=True)  # decode.forward's split workspace
 def efficient_attention(query: Tensor, key: Tensor, value: Tensor, attn_bias: Tensor | None,
                         compute_log_sumexp: bool, dropout_p: float = 0.0,
                         is_causal: bool = False, *, scale: float | None = None
