@@ -19,7 +19,9 @@ before any launch is a ``host`` line, counted as a failure too; a call the host 
 on purpose, ``Unsupported``, is a ``skip`` line). Not a test: CI need not have Triton's
 CUDA backend.
 
-Families: math, rounding, binary_math, activation_extra (the flat pointwise template
+Families: attention (forward and backward: causal or not, a bias, dropout, GQA, one query
+row, SDPA's transposed layout, bf16 and fp32), dropout, math, rounding, binary_math,
+activation_extra (the flat pointwise template
 with OP = each element function, float32 / bfloat16 / float64 and integer inputs where
 the record takes them), spread (vector norms), sort, put, isin, fill, sample, optim (fused AdamW and SGD, a
 foreach lerp).
@@ -304,7 +306,63 @@ def _optim_cases() -> list[Case]:
     return cases
 
 
+def _attention_cases() -> list[Case]:
+    import torch
+
+    from gemsops.ops.attention import sdpa
+    from gemsops.ops.attention.dropout import draw
+
+    def heads(b: int, h: int, length: int, d: int, dtype: Any, blhd: bool) -> Any:
+        if blhd:  # [B, L, H, D] memory seen as [B, H, L, D], as HF models hand it over
+            return _t(b, length, h, d, dtype=dtype).transpose(1, 2)
+        return _t(b, h, length, d, dtype=dtype)
+
+    def forward_backward(b: int, hq: int, hkv: int, lq: int, lk: int, d: int, dtype: Any,
+                         causal: bool, bias: bool, p: float, blhd: bool) -> None:
+        q = heads(b, hq, lq, d, dtype, blhd)
+        k, v = heads(b, hkv, lk, d, dtype, blhd), heads(b, hkv, lk, d, dtype, blhd)
+        mask = _t(b, 1, lq, lk, dtype=dtype) if bias else None
+        out = torch.empty_like(q)
+        lse = _t(b, hq, lq)
+        drop = draw(p, q.device)[1] if p else None
+        sdpa._forward(q, k, v, mask, causal, d ** -0.5, out, lse, drop)
+        sdpa._backward(torch.empty_like(out), q, k, v, mask, out, lse, causal, d ** -0.5,
+                       bias_grad=bias, drop=drop)
+
+    cases: list[Case] = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for causal in (False, True):
+            for bias, p in ((False, 0.0), (True, 0.0), (False, 0.1)):
+                if causal and bias:
+                    continue
+                for b, hq, hkv, lq, lk, d, blhd in ((2, 8, 8, 512, 512, 64, True),
+                                                    (1, 8, 2, 300, 300, 128, False),
+                                                    (1, 4, 4, 1, 64, 128, True)):
+                    label = (f"attention {dtype} {b}x{hq}/{hkv}x{lq}x{lk}x{d} causal={causal}"
+                             f" bias={bias} p={p} {'blhd' if blhd else 'bhld'}")
+                    cases.append((label, _bind(forward_backward, b, hq, hkv, lq, lk, d,
+                                               dtype, causal, bias, p, blhd)))
+    return cases
+
+
+def _dropout_cases() -> list[Case]:
+    import torch
+
+    from gemsops.ops.random import dropout
+
+    cases: list[Case] = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x = _t(5000, dtype=dtype)
+        cases.append((f"native_dropout {dtype}", _bind(dropout.native_dropout, x, 0.1, True)))
+        cases.append((f"native_dropout_backward {dtype}", _bind(
+            dropout.native_dropout_backward, x, _t(5000, dtype=torch.bool), 1.25)))
+        cases.append((f"bernoulli {dtype}", _bind(dropout.bernoulli, x, 0.3)))
+    return cases
+
+
 FAMILIES: dict[str, Callable[[], list[Case]]] = {
+    "attention": _attention_cases,
+    "dropout": _dropout_cases,
     "math": lambda: _pointwise_cases("math"),
     "rounding": lambda: _pointwise_cases("rounding"),
     "binary_math": lambda: _pointwise_cases("binary_math"),
@@ -394,6 +452,23 @@ class Compiler:
         return what + extra, "ok"
 
 
+def _every_config(jit: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                  ) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """The recorded launch once per config of its gemshal kernel's tuning entry (the
+    launch alone for a kernel without one)."""
+    from gemshal.kernel.decorator import _KERNELS
+
+    owner = next((k for k in list(_KERNELS) if k.fn is jit), None)
+    if owner is None:
+        return [(jit, args, kwargs)]
+    out = []
+    for config in owner.configs_for_current_device():
+        kw = dict(kwargs)
+        kw.update(config.to_triton().all_kwargs())
+        out.append((jit, args, kw))
+    return out or [(jit, args, kwargs)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default=",".join(FAMILIES),
@@ -402,6 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-cache", action="store_true",
                         help="use Triton's cache dir (default: a fresh one, so all compile)")
     parser.add_argument("--traceback", action="store_true", help="print full tracebacks")
+    parser.add_argument("--match", default="",
+                        help="only the cases whose label contains this text")
+    parser.add_argument("--all-configs", action="store_true",
+                        help="compile every config of each launched kernel's tuning entry, "
+                             "not only the one the launch chose")
     ns = parser.parse_args(argv)
     if not ns.keep_cache:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="offline-compile-")
@@ -424,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = bad = skipped = 0
         began = time.perf_counter()
         for label, call in FAMILIES[family]():
+            if ns.match not in label:
+                continue
             RECORDED.clear()
             try:
                 with waiting():
@@ -443,7 +525,10 @@ def main(argv: list[str] | None = None) -> int:
                 # them, and say so.
                 print(f"{family:16} note  {label}: host stopped after {len(RECORDED)} "
                       f"launch(es): {type(exc).__name__}: {exc}")
-            for jit, args, kwargs in list(RECORDED):
+            launches = list(RECORDED)
+            if ns.all_configs:
+                launches = [v for launch in launches for v in _every_config(*launch)]
+            for jit, args, kwargs in launches:
                 try:
                     result = compiler.compile(jit, args, kwargs)
                 except Exception as exc:
