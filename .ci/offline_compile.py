@@ -21,10 +21,10 @@ CUDA backend.
 
 Families: attention (forward and backward: causal or not, a bias, dropout, GQA, one query
 row, SDPA's transposed layout, bf16 and fp32), dropout, math, rounding, binary_math,
-activation_extra (the flat pointwise template
-with OP = each element function, float32 / bfloat16 / float64 and integer inputs where
-the record takes them), spread (vector norms), sort, put, isin, fill, sample, optim (fused AdamW and SGD, a
-foreach lerp).
+activation_extra (the flat pointwise template with OP = each element function,
+float32 / bfloat16 / float64 and integer inputs where the record takes them), spread
+(vector norms), sort, put, isin, fill, sample, optim (fused AdamW and SGD, a foreach
+lerp).
 Not covered: the strided pointwise template (``_tiled_kernel``) and configs other than
 the one the sm_90 tuning entry launches for these small shapes.
 """
