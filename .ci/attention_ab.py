@@ -201,6 +201,12 @@ def main(argv: list[str]) -> int:
             emit(f"# {spec}: {type(exc).__name__}: {str(exc)[:300]}")
         if not args.smoke:
             torch.cuda.empty_cache()
+    from gemshal.kernel import decorator
+
+    # The configs runtime tuning chose (GEMS_AUTOTUNE=1): rows for the sm90 tables.
+    for c in getattr(decorator, "choices", list)():
+        if "attention" in c["op"] or "attention" in c["kernel"]:
+            emit("# choice " + json.dumps(c, default=str))
     if sink is not None:
         sink.close()
     return 0
