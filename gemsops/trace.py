@@ -143,6 +143,12 @@ def _op_log(key: str) -> Any:
                 composite = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
                 with self:
                     return func.redispatch(composite, *args, **kwargs)
+            if _composite(name, key, "CompositeImplicitAutograd"):
+                # Reached here only where autograd is off (inference_mode: HF generate's
+                # softmax.int); torch then runs its decomposition, which is what is served.
+                self.composite[name] += 1
+                with self:
+                    return func.decompose(*args, **kwargs)
             if packet.rstrip("_") not in NOT_COMPUTE:
                 self.ops[name] += 1
             return func(*args, **kwargs)
@@ -150,7 +156,7 @@ def _op_log(key: str) -> Any:
     return OpLog()
 
 
-def _composite(overload: str, key: str) -> bool:
+def _composite(overload: str, key: str, kind: str = "CompositeExplicitAutograd") -> bool:
     # An op without a kernel of its own at the vendor's key that torch implements once for
     # every backend runs through other aten ops (zeros -> empty + zero_).
     import torch
@@ -159,7 +165,7 @@ def _composite(overload: str, key: str) -> bool:
     qualname = f"aten::{name}" + ("" if variant == "default" else f".{variant}")
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     try:
-        return not has(qualname, key) and has(qualname, "CompositeExplicitAutograd")
+        return not has(qualname, key) and has(qualname, kind)
     except RuntimeError:
         return False
 

@@ -63,3 +63,24 @@ def test_trace_refuses_a_missing_script_and_a_bad_json_path(
     assert "no script" in capsys.readouterr().err
     assert main(["trace", "--json", str(tmp_path / "no" / "t.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_an_implicit_composite_under_inference_mode_counts_as_its_parts() -> None:
+    """Under inference_mode a composite overload (softmax.int) reaches the op log before
+    torch decomposes it; the trace reports it as composite, its served part (_softmax)
+    as served, and nothing as unimplemented (HF generate runs this way)."""
+    import torch
+
+    import gemshal
+    from gemsops.trace import trace
+
+    x = torch.randn(4, 8, device=gemshal.current_device().torch_device)
+
+    def workload() -> None:
+        with torch.inference_mode():
+            torch.softmax(x, -1)
+
+    report = trace(workload)
+    assert report.composite.get("softmax.int") == 1, report.composite
+    assert report.served.get("_softmax.default") == 1, report.served
+    assert "softmax.int" not in report.not_implemented, report.not_implemented

@@ -230,10 +230,13 @@ def test_decode_forward_grid(group: int, Lq: int, dtype: torch.dtype, kind: str)
 def test_a_decode_shape_takes_the_decode_path(enabled: bool) -> None:
     """Under use_gems(), torch's SDPA at a decode shape (one query row, grouped-query
     heads, 300 keys) launches the decode kernels and not the forward kernel, and agrees
-    with torch; with the path switched off the forward kernel serves it."""
+    with torch; with the path switched off the forward kernel serves it. bf16, as models
+    call it: torch's GPU SDPA sends fp32 with grouped heads to its math path, which
+    decomposes into matmuls and a softmax before any attention kernel is asked."""
     gen = torch.Generator().manual_seed(5)
-    q = torch.randn(1, 1, 8, 32, generator=gen).to(DEVICE).transpose(1, 2)
-    k, v = (torch.randn(1, 300, 2, 32, generator=gen).to(DEVICE).transpose(1, 2)
+    bf16 = torch.bfloat16
+    q = torch.randn(1, 1, 8, 32, generator=gen).to(DEVICE, bf16).transpose(1, 2)
+    k, v = (torch.randn(1, 300, 2, 32, generator=gen).to(DEVICE, bf16).transpose(1, 2)
             for _ in range(2))
     assert decode.takes(q, k, None, None)
     saved = decode.ENABLED
