@@ -19,6 +19,7 @@ from gemsops import registry
 from gemsops.selftest.cases import CASES
 from gemsops.selftest.records import DEFAULT_EXAMPLES, OUTCOMES, Case, Row
 from gemsops.selftest.runner import prepare, run
+from gemsops.selftest.workers import compile_in_workers, plan
 
 __all__ = [
     "add_parser",
@@ -73,6 +74,12 @@ def add_parser(sub: Any) -> None:
         "launch the tuning tables' configs, benchmarking nothing: the check is of results, "
         "and tuning every drawn shape would take most of its time)",
     )
+    p.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="launch each check's examples once so their kernels land in Triton's cache, "
+        "check nothing, and exit (what the compile worker processes run)",
+    )
     p.set_defaults(run=main)
 
 
@@ -125,8 +132,21 @@ def main(args: argparse.Namespace) -> int:
         print(f"vendor override: {overload} <- {where}")
     width = max([_OP_WIDTH, *(len(case.op) for case in cases)])
     start = time.perf_counter()
+    if getattr(args, "compile_only", False):
+        started = prepare(cases, dtypes, examples=args.examples)
+        print(f"{started} kernels compiled in {time.perf_counter() - start:.1f} s", flush=True)
+        return 0
     if not dev.interpreter:
-        print(f"compiling the checks' kernels first, on {threads()} threads...", flush=True)
+        workers, per = plan()
+        if workers > 1 and len(cases) > 1:
+            print(f"compiling the checks' kernels first, in {workers} worker processes "
+                  f"of {per} threads...", flush=True)
+            compile_in_workers(cases, dtypes, args.examples, workers, per,
+                               say=lambda line: print(line, flush=True))
+            print("loading them from Triton's cache...", flush=True)
+        else:
+            print(f"compiling the checks' kernels first, on {threads()} threads...",
+                  flush=True)
         started = prepare(cases, dtypes, examples=args.examples)
         print(f"{started} kernels compiled in {time.perf_counter() - start:.1f} s", flush=True)
     print(_header(width))
