@@ -455,3 +455,27 @@ def test_foreach_neg_flips_the_sign_bit() -> None:
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g.cpu(), w)
         assert torch.equal(g.cpu().signbit(), w.signbit())
+
+
+def test_the_foreach_kernels_take_one_step_per_program_unless_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a device the foreach kernels' tile is their step (one step per program) while
+    the fused kernels walk 8192-element tiles; set_layout sets both; an unknown kind is
+    refused naming the valid ones."""
+    import gemshal
+
+    class _Device:
+        interpreter = False
+
+    tables.reset_layout()
+    monkeypatch.setattr(gemshal, "current_device", lambda: _Device())
+    try:
+        assert tables.layout("fused") == (2048, 8192)
+        assert tables.layout("foreach") == (2048, 2048)
+        tables.set_layout(4, 16)
+        assert tables.layout("foreach") == tables.layout("fused") == (4, 16)
+        with pytest.raises(ValueError, match="'fused' or 'foreach'"):
+            tables.layout("sgd")
+    finally:
+        tables.reset_layout()

@@ -50,7 +50,7 @@ def _promoted(sig: tuple[torch.dtype, ...]) -> torch.dtype:
 
 
 def _consts(op_code: int, reads: int, out: int, mode: int, acc: torch.dtype) -> dict[str, Any]:
-    shape = layout()
+    shape = layout("foreach")
     key = (op_code, reads, out, mode, acc, shape)
     hit = _CONSTS.get(key)
     if hit is None:
@@ -77,7 +77,7 @@ def _launch(name: str, op_code: int, lists: Sequence[Sequence[Tensor]], *,
         raise Unsupported(f"{name}: an empty tensor list")  # torch raises its own error
     if per is not None and len(per) != len(lists[0]):
         raise Unsupported(f"{name}: {len(per)} scalars for {len(lists[0])} tensors")
-    groups, outs = plan(name, lists, result)
+    groups, outs = plan(name, lists, result, kind="foreach")
     nin = len(lists) if reads is None else reads
     slot = len(lists) if outs is not None else out_slot
     device = lists[0][0].device
