@@ -226,6 +226,34 @@ def test_sum_replays_over_the_new_input() -> None:
     assert replay.kept() == 1
 
 
+def test_a_split_sum_and_mean_replay_with_a_fresh_partial_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sum (and a mean) split across programs (a partial buffer, then a combining
+    launch: bias gradients) is kept and replays the new input's values; a reduction over
+    dims apart from each other (two reductions inside) runs as written."""
+    from gemsops.ops.rowwise import layout
+    from gemsops.ops.rowwise import reduce as reduce_module
+
+    monkeypatch.setattr(layout, "SPLIT_MIN_TOTAL", 1024)
+    monkeypatch.setattr(layout, "SPLIT_MIN_CHUNK", 64)
+    dev = target_device()
+    for seed in range(3):
+        x = torch.randn(2, 4096, generator=torch.Generator().manual_seed(seed)).to(dev)
+        with recording() as rec:
+            got = reduce_module.sum(x, [1])
+            avg = reduce_module.mean(x, [1])
+        if seed == 0:
+            assert len(rec.launches) == 4, rec.launches  # split: two launches each
+        assert_close(got, x.double().cpu().sum(1), reduce_size=4096)
+        assert_close(avg, x.double().cpu().mean(1), reduce_size=4096)
+    assert replay.kept() == 2
+    y = torch.randn(3, 4, 5).to(dev)
+    for _ in range(2):
+        assert_close(reduce_module.sum(y, [0, 2]), y.double().cpu().sum((0, 2)), reduce_size=15)
+    assert replay.kept() == 2
+
+
 def test_softmax_forward_and_backward_replay_the_new_values() -> None:
     """aten's _softmax and its backward, kept from one call, compute from the new
     tensors on the next calls."""

@@ -21,6 +21,7 @@ from gemsops.ops.replay import replayable
 from gemsops.ops.rowwise.index import max_dim, min_dim
 from gemsops.ops.rowwise.layout import check_dtype, check_input, dim_list
 from gemsops.ops.rowwise.value import MAX, MIN, PROD, SUM, reduce
+from gemsops.ops.rowwise.value import _recipe as _reduce_recipe
 
 __all__ = ["all", "amax", "amin", "any", "max", "mean", "min", "prod", "sum"]
 
@@ -54,8 +55,31 @@ def _mean_dtype(x: Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return result
 
 
+def _one_view(x: object, dim: int | Sequence[int] | None = None, keepdim: bool = False,
+              *, dtype: torch.dtype | None = None, mean: bool = False) -> bool:
+    """Whether a sum or mean reads ``x`` through one view, with no torch-side copy or
+    conversion first: then its launches are one pass, or a split pass into a partial
+    buffer it writes whole and a pass that combines it, and a replay may allocate that
+    buffer afresh (``workspaces``). Other calls (a permuted copy, a conversion, dims
+    apart from each other) run as written."""
+    if not isinstance(x, Tensor):
+        return False
+    try:
+        out_dtype = _mean_dtype(x, dtype) if mean else _sum_dtype(x, dtype)
+        r = _reduce_recipe(tuple(x.shape), tuple(x.stride()), x.dtype,
+                           dim_list(dim, x.dim()), keepdim, SUM, out_dtype, False)
+    except (RuntimeError, TypeError, ValueError, IndexError):
+        return False  # the call itself raises the error
+    return r.view is not None and not r.convert
+
+
+def _one_view_mean(x: object, dim: int | Sequence[int] | None = None, keepdim: bool = False,
+                   *, dtype: torch.dtype | None = None) -> bool:
+    return _one_view(x, dim, keepdim, dtype=dtype, mean=True)
+
+
 @op("sum.default", "sum.dim_IntList", out=("sum.out", "sum.IntList_out"))
-@replayable()
+@replayable(when=_one_view, workspaces=True)
 def sum(
     x: Tensor,
     dim: int | Sequence[int] | None = None,
@@ -80,7 +104,7 @@ def sum(
 
 
 @op("mean.default", "mean.dim", out=("mean.dtype_out", "mean.out"))
-@replayable()
+@replayable(when=_one_view_mean, workspaces=True)
 def mean(
     x: Tensor,
     dim: int | Sequence[int] | None = None,
