@@ -402,10 +402,12 @@ def _describe(jit: Any, signature: dict[str, Any], constexprs: dict[Any, Any]) -
 class Compiler:
     """Compile recorded launches of JIT functions for one CUDA target."""
 
-    def __init__(self, arch: int) -> None:
+    def __init__(self, arch: int, ptx: str = "") -> None:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import make_backend
 
+        self.ptx = ptx
+        """A folder for each variant's PTX ('' keeps none)."""
         self.target = GPUTarget("cuda", arch, 32)
         self.backend = make_backend(self.target)
         self.binders: dict[int, Any] = {}
@@ -441,6 +443,10 @@ class Compiler:
                                       target=self.target, options=options.__dict__)
             if not compiled.asm.get("cubin"):
                 return what + extra, "FAIL: no cubin"
+            if self.ptx:
+                name = f"{jit.__name__}-{len(self.seen)}.ptx"
+                with open(os.path.join(self.ptx, name), "w") as f:
+                    f.write(f"// {what}{extra}\n{compiled.asm['ptx']}")
         except Exception as exc:  # the compile error is what this script reports
             text = str(exc).strip().splitlines()
             first = next((line for line in text if line.strip()), type(exc).__name__)
@@ -482,7 +488,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all-configs", action="store_true",
                         help="compile every config of each launched kernel's tuning entry, "
                              "not only the one the launch chose")
+    parser.add_argument("--ptx", default="",
+                        help="write each variant's PTX into this folder (to read its loads)")
     ns = parser.parse_args(argv)
+    if ns.ptx:
+        os.makedirs(ns.ptx, exist_ok=True)
     if not ns.keep_cache:
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="offline-compile-")
     families = [f.strip() for f in ns.family.split(",") if f.strip()]
@@ -496,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     from gemshal.kernel.compile import waiting
     from gemsops.errors import Unsupported
 
-    compiler = Compiler(ns.arch)
+    compiler = Compiler(ns.arch, ns.ptx)
     failed = 0
     summary: list[str] = []
     start = time.perf_counter()

@@ -94,7 +94,8 @@ def bench_rows(b_file: str, rounds: int, tiny: bool, limit: int | None,
     return out
 
 
-def model_rows(b_file: str, rounds: int, models: list[str], repeats: int) -> list[dict[str, Any]]:
+def model_rows(b_file: str, rounds: int, models: list[str], repeats: int,
+               profile: bool = False) -> list[dict[str, Any]]:
     steps = _steps()
     out = []
     for name in models:
@@ -113,9 +114,40 @@ def model_rows(b_file: str, rounds: int, models: list[str], repeats: int) -> lis
         row = _row(name, times, paired)
         out.append(row)
         print(json.dumps(row), flush=True)
+        if profile:
+            for side in ("a", "b"):
+                _use(side, b_file)
+                with gemsops.use_gems():
+                    steps._median_ms(model, inputs, opt, 3, gems=True)
+                    print(json.dumps({"case": name, "side": side,
+                                      **_profiled(steps, model, inputs, opt)}), flush=True)
         del model, inputs, opt
         torch.cuda.empty_cache()
     return out
+
+
+def _profiled(steps: Any, model: Any, inputs: Any, opt: Any) -> dict[str, Any]:
+    """Where one side's step goes: device time (the profiler, 3 steps), the top kernels,
+    the launches off the direct path, the native replay's hits, what was handed back."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gemshal.kernel import stats
+
+    hits0 = steps._native_hits()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, gemsops.record() as rec:
+        for _ in range(3):
+            steps._step(model, inputs, opt)
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        dt = getattr(ev, "self_device_time_total", 0.0) or getattr(ev, "self_cuda_time_total", 0)
+        if dt > 0:
+            rows.append((round(dt / 3 / 1e3, 3), ev.count // 3, ev.key[:70]))
+    rows.sort(reverse=True)
+    return {"device_ms": round(sum(r[0] for r in rows), 2), "top": rows[:12],
+            "native_per_step": (steps._native_hits() - hits0) // 3,
+            "handed_back": dict(rec.fallbacks.most_common(6)),
+            "direct_off": [(r["kernel"], r["disabled"]) for r in stats() if r["disabled"]][:8]}
 
 
 def _do_bench(fn: Callable[[], Any]) -> float:
@@ -142,6 +174,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tiny", action="store_true", help="the bench's tiny rows (a CPU smoke run)")
     p.add_argument("--limit", type=int, help="the first N bench rows only")
     p.add_argument("--json")
+    p.add_argument("--profile", action="store_true",
+                   help="per model, each side's device time and top kernels (the profiler)")
     a = p.parse_args(argv)
     if not Path(a.b).is_file():
         p.error(f"--b {a.b!r}: no such file")
@@ -155,7 +189,8 @@ def main(argv: list[str]) -> int:
         result["bench"] = bench_rows(a.b, a.rounds, a.tiny, a.limit, timer)
         _summary("bench", result["bench"])
     if "models" in parts:
-        result["models"] = model_rows(a.b, a.rounds, a.models.split(","), a.repeats)
+        result["models"] = model_rows(a.b, a.rounds, a.models.split(","), a.repeats,
+                                      a.profile)
         _summary("models", result["models"])
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))

@@ -479,3 +479,38 @@ def test_the_foreach_kernels_take_one_step_per_program_unless_set(
             tables.layout("sgd")
     finally:
         tables.reset_layout()
+
+
+@settings(max_examples=3, deadline=None)
+@given(offset=st.integers(1, 3), seed=st.integers(0, 99))
+def test_pointer_alignment_decides_vector_loads_and_not_results(offset: int,
+                                                                seed: int) -> None:
+    """Property: a group whose data pointers are all 16-byte aligned launches ALIGNED (the
+    kernels' 16-byte loads), one tensor viewed ``offset`` float32s into its storage makes
+    the group unaligned, and the one-element step tensors (read as scalars) do not count;
+    the results equal torch's either way."""
+    dev = target_device()
+    gen = torch.Generator().manual_seed(seed)
+    sizes = (40, 95, 33)
+    held = [torch.randn(s + 4, generator=gen).to(dev) for s in sizes]
+    shifted = [held[0][offset:offset + sizes[0]], *(h[:s] for h, s in
+                                                    zip(held[1:], sizes[1:], strict=True))]
+    steps_storage = torch.full((8,), 3.0, device=dev)
+    for lists, aligned in (([h[:s] for h, s in zip(held, sizes, strict=True)], True),
+                           (shifted, False)):
+        p = [t.clone() if aligned else t for t in lists]
+        g, m = ([torch.randn(s, generator=gen).to(dev) for s in sizes] for _ in range(2))
+        v = [torch.rand(s, generator=gen).to(dev) for s in sizes]
+        steps = [steps_storage[1 + i] for i in range(len(sizes))]  # 4-byte offsets
+        want = [[t.clone() for t in lst] for lst in (p, g, m, v)]
+        kw: dict[str, Any] = {"lr": 0.01, "beta1": 0.9, "beta2": 0.99, "weight_decay": 0.05,
+                              "eps": 1e-8, "amsgrad": False, "maximize": False}
+        torch._fused_adamw_(*want, [], [s.clone() for s in steps], **kw)
+        with small_tiles(), gemsops.use_gems(), recording() as rec:
+            torch._fused_adamw_(p, g, m, v, [], steps, **kw)
+            got_add = torch._foreach_add(p, g, alpha=0.5)
+        assert [launch[-1]["ALIGNED"] for launch in rec.launches] == [aligned, aligned]
+        for got, exp in zip((p, g, m, v), want, strict=True):
+            for a, b in zip(got, exp, strict=True):
+                torch.testing.assert_close(a, b, atol=2e-5, rtol=2e-5)
+        _close(got_add, [a + 0.5 * b for a, b in zip(p, g, strict=True)])

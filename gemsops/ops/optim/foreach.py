@@ -49,15 +49,16 @@ def _promoted(sig: tuple[torch.dtype, ...]) -> torch.dtype:
     return reduce(torch.promote_types, sig)
 
 
-def _consts(op_code: int, reads: int, out: int, mode: int, acc: torch.dtype) -> dict[str, Any]:
+def _consts(op_code: int, reads: int, out: int, mode: int, acc: torch.dtype,
+            aligned: bool) -> dict[str, Any]:
     shape = layout("foreach")
-    key = (op_code, reads, out, mode, acc, shape)
+    key = (op_code, reads, out, mode, acc, aligned, shape)
     hit = _CONSTS.get(key)
     if hit is None:
         hit = _CONSTS[key] = {
             "OP": op_code, "NIN": reads, "OUT": out, "SCALAR": mode,
             "ACC": tl.float64 if acc == torch.float64 else tl.float32,
-            "BLOCK": shape[0], "TILE": shape[1]}
+            "ALIGNED": aligned, "BLOCK": shape[0], "TILE": shape[1]}
     return hit
 
 
@@ -88,7 +89,8 @@ def _launch(name: str, op_code: int, lists: Sequence[Sequence[Tensor]], *,
         w = [witness(d, device) for d in group.dtypes]
         args = (group.table, s, s if x is None else x, w[0], w[min(1, len(w) - 1)],
                 w[min(2, len(w) - 1)], w[slot], group.tensors, group.steps)
-        K.foreach_kernel.launch((group.blocks,), args, _consts(op_code, nin, slot, mode, acc))
+        consts = _consts(op_code, nin, slot, mode, acc, group.aligned)
+        K.foreach_kernel.launch((group.blocks,), args, consts)
     return outs
 
 

@@ -115,14 +115,14 @@ def _adam(name: str, adamw: bool, params: list[Tensor], grads: list[Tensor],
     for group in groups:
         acc = group.acc
         key = (len(lists), adamw, amsgrad, maximize, lr_t is not None, scale is not None,
-               inf is not None, acc, wide, shape)
+               inf is not None, acc, wide, group.aligned, shape)
         consts = _CONSTS.get(key)
         if consts is None:
             consts = _CONSTS[key] = {
                 "STEP": len(lists), "ADAMW": adamw, "AMSGRAD": amsgrad, "MAXIMIZE": maximize,
                 "LR_TENSOR": lr_t is not None, "HAS_SCALE": scale is not None,
                 "HAS_INF": inf is not None, "ACC": _tl(acc), "WIDE": _tl(wide),
-                "BLOCK": shape[0], "TILE": shape[1]}
+                "ALIGNED": group.aligned, "BLOCK": shape[0], "TILE": shape[1]}
         w = [witness(d, device) for d in group.dtypes]
         wx = w[4] if amsgrad else w[3]
         args = (group.table, s, s if lr_t is None else lr_t, s if scale is None else scale,
@@ -220,14 +220,14 @@ def fused_sgd(self: list[Tensor], grads: list[Tensor], momentum_buffer_list: lis
         s = scalars([value, float(weight_decay), float(momentum), float(dampening)], acc,
                     device)
         key = (has_buf, is_first_step, nesterov, maximize, lr_t is not None,
-               scale is not None, inf is not None, acc, shape)
+               scale is not None, inf is not None, acc, group.aligned, shape)
         consts = _CONSTS.get(("sgd", *key))
         if consts is None:
             consts = _CONSTS[("sgd", *key)] = {
                 "HAS_BUF": has_buf, "FIRST": bool(is_first_step), "NESTEROV": bool(nesterov),
                 "MAXIMIZE": bool(maximize), "LR_TENSOR": lr_t is not None,
                 "HAS_SCALE": scale is not None, "HAS_INF": inf is not None, "ACC": _tl(acc),
-                "BLOCK": shape[0], "TILE": shape[1]}
+                "ALIGNED": group.aligned, "BLOCK": shape[0], "TILE": shape[1]}
         w = [witness(d, device) for d in group.dtypes]
         args = (group.table, s, s if lr_t is None else lr_t, s if scale is None else scale,
                 s if inf is None else inf, w[0], w[1], w[-1], group.tensors, group.steps)

@@ -10,12 +10,21 @@ group's int64 table (built by :mod:`gemsops.ops.optim.tables`)::
 
 A program owns one *tile* of ``TILE`` elements of one tensor (tiles never straddle two
 tensors) and walks it in ``BLOCK``-wide steps: a loop of at most ``TILE // BLOCK``
-iterations, bounded by the tensor's end, so the per-program work (finding the tensor,
-loading its pointers, the scalars, Adam's bias corrections) is paid once per tile, not
-once per block. A program finds its tensor by a binary search of the starts (``STEPS``
-halvings, the bit length of T - 1), then casts the pointer it loads to the list's
-element type: the ``W*`` arguments are one-element "witness" tensors of each list's
-dtype, whose pointer type ``.dtype`` is the target of the cast. Scalars come from ``S``,
+whole, unmasked steps, then one masked step for a ragged end, so the per-program work
+(finding the tensor, loading its pointers, the scalars, Adam's bias corrections) is paid
+once per tile, not once per block.
+
+**Vector loads.** A pointer loaded from a table tells the compiler nothing of its
+alignment, so every element would be its own 2- or 4-byte load (the PTX of the first
+version held only ``ld.global.b16`` for bfloat16 lists). Where the host found every data
+pointer of a group 16-byte aligned (``ALIGNED``: torch's allocator aligns each storage
+to far more; a view into one may not be), the kernels declare the pointers so, and the
+unmasked steps load and store 16 bytes at a time. A masked step stays scalar: its mask
+compares with a count of unknown divisibility.
+
+A program finds its tensor by a binary search of the starts (``STEPS`` halvings, the
+bit length of T - 1), then casts the pointer it loads to the list's element type: the
+``W*`` arguments are one-element "witness" tensors of each list's dtype, whose pointer type ``.dtype`` is the target of the cast. Scalars come from ``S``,
 a small device vector of the compute dtype (uniform scalars first, then one per
 tensor), so float64 groups get float64 scalars and no launch specializes on a scalar's
 value.
@@ -82,22 +91,36 @@ def _locate(Table, T, STEPS):
 def _tile(Table, T, STEPS, FoundInf, HAS_INF: tl.constexpr, TILE: tl.constexpr,
           BLOCK: tl.constexpr):
     """This program's tensor, the first element of its tile, the tile's end (clipped to
-    the tensor) and its count of ``BLOCK`` steps (none where ``HAS_INF`` and found_inf
-    is 1: the update is skipped)."""
+    the tensor), its count of whole ``BLOCK`` steps and where its ragged rest begins
+    (nothing to do where ``HAS_INF`` and found_inf is 1: the update is skipped)."""
     t, tile = _locate(Table, T, STEPS)
     n = tl.load(Table + T + t)
     base = tile * TILE
     end = tl.minimum(n, base + TILE)
     if HAS_INF:
         end = tl.where(tl.load(FoundInf).to(tl.float32) == 1.0, base, end)
-    steps = ((end - base + BLOCK - 1) // BLOCK).to(tl.int32)
-    return t, base, end, steps
+    full = ((end - base) // BLOCK).to(tl.int32)
+    return t, base, end, full, base + full * BLOCK
 
 
 @triton.jit
-def _ptr(Table, slot, W):
-    """The data pointer in table ``slot``, typed as the witness ``W``'s pointer."""
-    return tl.load(Table + slot).to(W.dtype)
+def _ptr(Table, slot, W, ALIGNED: tl.constexpr):
+    """The data pointer in table ``slot``, typed as the witness ``W``'s pointer, and
+    declared 16-byte aligned where ``ALIGNED`` (the host checked every pointer)."""
+    p = tl.load(Table + slot).to(W.dtype)
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
+    return p
+
+
+@triton.jit
+def _ld(P, offs, mask, other, ACC: tl.constexpr):
+    """``P[offs]`` in ``ACC``; unmasked (so vectorizable) where ``mask`` is None."""
+    if mask is None:  # noqa: SIM108 - a static if in Triton, not a select
+        v = tl.load(P + offs)
+    else:
+        v = tl.load(P + offs, mask=mask, other=other)
+    return v.to(ACC)
 
 
 @triton.jit
@@ -116,6 +139,65 @@ def _lerp(a, b, w):
     d = b - a
     return tl.where(tl.abs(w) < 0.5, a + w * d, b - d * (1.0 - w))
 
+@triton.jit
+def _foreach_math(a, b, c, s, OP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """The elementwise formula ``OP`` (the module's constants) of one block."""
+    if OP == 0:
+        r = a + s * b
+    elif OP == 1:
+        r = a + s
+    elif OP == 2:
+        r = a * b
+    elif OP == 3:
+        r = a * s
+    elif OP == 4:
+        r = div_true(a, b)
+    elif OP == 5:
+        r = div_true(a, s)
+    elif OP == 6:
+        r = _lerp(a, b, c)
+    elif OP == 7:
+        r = _lerp(a, b, s)
+    elif OP == 8:
+        r = a + s * b * c
+    elif OP == 9:
+        r = a + s * div_true(b, c)  # torch's CUDA foreach: value * (b / c)
+    elif OP == 10:
+        r = sqrt(a)
+    elif OP == 11:
+        r = neg(a)
+    elif OP == 12:
+        r = div_true(tl.full((BLOCK,), 1, ACC), a)
+    elif OP == 13:
+        r = maximum(a, b)
+    elif OP == 14:
+        r = maximum(a, tl.full((BLOCK,), 0, ACC) + s)
+    elif OP == 15:
+        r = minimum(a, b)
+    elif OP == 16:
+        r = minimum(a, tl.full((BLOCK,), 0, ACC) + s)
+    elif OP == 17:
+        r = a
+    else:
+        r = tl.zeros((BLOCK,), ACC)
+    return r
+
+
+@triton.jit
+def _foreach_step(ap, bp, cp, op, offs, mask, s, OP: tl.constexpr, NIN: tl.constexpr,
+                  ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """One block of foreach_kernel: read the ``NIN`` lists, apply ``OP``, store."""
+    a = s
+    b = s
+    c = s
+    if NIN >= 1:
+        a = _ld(ap, offs, mask, 1, ACC)
+    if NIN >= 2:
+        b = _ld(bp, offs, mask, 1, ACC)
+    if NIN >= 3:
+        c = _ld(cp, offs, mask, 1, ACC)
+    _store(op, offs, _foreach_math(a, b, c, s, OP, ACC, BLOCK), mask)
+
 
 @kernel("foreach", key=[])
 @triton.jit
@@ -131,72 +213,35 @@ def foreach_kernel(
     OUT: tl.constexpr,  # the output's table list (0: in place into a)
     SCALAR: tl.constexpr,
     ACC: tl.constexpr,  # compute dtype: float32, or float64 for float64 groups
+    ALIGNED: tl.constexpr,  # every data pointer of the group is 16-byte aligned
     BLOCK: tl.constexpr,  # elements per loop step
     TILE: tl.constexpr,  # elements per program (the table's unit), a multiple of BLOCK
 ):
-    t, base, end, steps = _tile(Table, T, STEPS, Table, False, TILE, BLOCK)
+    t, base, end, full, rest = _tile(Table, T, STEPS, Table, False, TILE, BLOCK)
     # Everything per tensor is loaded once per program, before the loop over its tile.
+    ap = WA
+    bp = WB
+    cp = WC
     if NIN >= 1:
-        ap = _ptr(Table, 2 * T + t, WA)
+        ap = _ptr(Table, 2 * T + t, WA, ALIGNED)
     if NIN >= 2:
-        bp = _ptr(Table, 3 * T + t, WB)
+        bp = _ptr(Table, 3 * T + t, WB, ALIGNED)
     if NIN >= 3:
-        cp = _ptr(Table, 4 * T + t, WC)
-    op = _ptr(Table, (2 + OUT) * T + t, WO)
+        cp = _ptr(Table, 4 * T + t, WC, ALIGNED)
+    op = _ptr(Table, (2 + OUT) * T + t, WO, ALIGNED)
+    s = tl.zeros((BLOCK,), ACC)  # unused unless SCALAR
     if SCALAR == 1:
         s = tl.load(S).to(ACC)
     elif SCALAR == 2:
         s = tl.load(S + 1 + t).to(ACC)
     elif SCALAR == 3:
         s = tl.load(X).to(ACC) * tl.load(S).to(ACC)
-    for i in range(0, steps):
+    for i in range(0, full):
         offs = base + i * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < end
-        if NIN >= 1:
-            a = tl.load(ap + offs, mask=mask, other=1).to(ACC)
-        if NIN >= 2:
-            b = tl.load(bp + offs, mask=mask, other=1).to(ACC)
-        if NIN >= 3:
-            c = tl.load(cp + offs, mask=mask, other=1).to(ACC)
-        if OP == 0:
-            r = a + s * b
-        elif OP == 1:
-            r = a + s
-        elif OP == 2:
-            r = a * b
-        elif OP == 3:
-            r = a * s
-        elif OP == 4:
-            r = div_true(a, b)
-        elif OP == 5:
-            r = div_true(a, s)
-        elif OP == 6:
-            r = _lerp(a, b, c)
-        elif OP == 7:
-            r = _lerp(a, b, s)
-        elif OP == 8:
-            r = a + s * b * c
-        elif OP == 9:
-            r = a + s * div_true(b, c)  # torch's CUDA foreach: value * (b / c)
-        elif OP == 10:
-            r = sqrt(a)
-        elif OP == 11:
-            r = neg(a)
-        elif OP == 12:
-            r = div_true(tl.full((BLOCK,), 1, ACC), a)
-        elif OP == 13:
-            r = maximum(a, b)
-        elif OP == 14:
-            r = maximum(a, tl.full((BLOCK,), 0, ACC) + s)
-        elif OP == 15:
-            r = minimum(a, b)
-        elif OP == 16:
-            r = minimum(a, tl.full((BLOCK,), 0, ACC) + s)
-        elif OP == 17:
-            r = a
-        else:
-            r = tl.zeros((BLOCK,), ACC)
-        _store(op, offs, r, mask)
+        _foreach_step(ap, bp, cp, op, offs, None, s, OP, NIN, ACC, BLOCK)
+    if rest < end:
+        offs = rest + tl.arange(0, BLOCK)
+        _foreach_step(ap, bp, cp, op, offs, offs < end, s, OP, NIN, ACC, BLOCK)
 
 
 @triton.jit
@@ -215,6 +260,40 @@ def _powi(base, step):
     frac = (step - whole).to(tl.float32)
     part = tl.exp2(frac * tl.log2(base.to(tl.float32)))
     return tl.where(frac == 0, r, r * part.to(base.dtype))
+
+
+@triton.jit
+def _adam_step(pp, gp, mp, vp, xp, offs, mask, lr, wd, beta1, beta2, eps, bc2_sqrt,
+               step_size, scale, ADAMW: tl.constexpr, AMSGRAD: tl.constexpr,
+               MAXIMIZE: tl.constexpr, HAS_SCALE: tl.constexpr, ACC: tl.constexpr):
+    """One block of adam_kernel."""
+    p = _ld(pp, offs, mask, 0, ACC)
+    g = _ld(gp, offs, mask, 0, ACC)
+    m = _ld(mp, offs, mask, 0, ACC)
+    v = _ld(vp, offs, mask, 0, ACC)
+    if HAS_SCALE:
+        g = div_true(g, scale)
+        _store(gp, offs, g, mask)  # the unscaled gradient is written back, as torch's
+    if MAXIMIZE:
+        g = neg(g)
+    if ADAMW:
+        p = tl.where(wd != 0, p - lr * wd * p, p)
+    else:
+        g = tl.where(wd != 0, g + p * wd, g)
+    # torch's CUDA kernel: beta * m + (g - beta * g), each step an fma.
+    m = tl.fma(beta1, m, tl.fma(-beta1, g, g))
+    gg = g * g
+    v = tl.fma(beta2, v, tl.fma(-beta2, gg, gg))
+    if AMSGRAD:
+        vmax = maximum(_ld(xp, offs, mask, 0, ACC), v)
+        _store(xp, offs, vmax, mask)
+        denom = div_true(sqrt(vmax), bc2_sqrt) + eps
+    else:
+        denom = div_true(sqrt(v), bc2_sqrt) + eps
+    p = p - div_true(step_size * m, denom)
+    _store(pp, offs, p, mask)
+    _store(mp, offs, m, mask)
+    _store(vp, offs, v, mask)
 
 
 @kernel("fused_adam", key=[])
@@ -237,10 +316,11 @@ def adam_kernel(
     HAS_INF: tl.constexpr,
     ACC: tl.constexpr,  # element math: float32 (float64 for float64 params)
     WIDE: tl.constexpr,  # bias corrections: float64 where the device has it
+    ALIGNED: tl.constexpr,  # every data pointer of the group is 16-byte aligned
     BLOCK: tl.constexpr,  # elements per loop step
     TILE: tl.constexpr,  # elements per program (the table's unit), a multiple of BLOCK
 ):
-    t, base, end, steps = _tile(Table, T, STEPS, FoundInf, HAS_INF, TILE, BLOCK)
+    t, base, end, full, rest = _tile(Table, T, STEPS, FoundInf, HAS_INF, TILE, BLOCK)
     # The scalars and the bias corrections of this tensor, once per program.
     if LR_TENSOR:  # noqa: SIM108 - a static if in Triton, not a select
         lr_w = tl.load(LR).to(WIDE)
@@ -253,49 +333,57 @@ def adam_kernel(
     beta2 = beta2_w.to(ACC)
     wd = tl.load(S + 3).to(ACC)
     eps = tl.load(S + 4).to(ACC)
-    step = tl.load(_ptr(Table, (2 + STEP) * T + t, WS)).to(WIDE)
+    step = tl.load(_ptr(Table, (2 + STEP) * T + t, WS, False)).to(WIDE)
     bc1 = 1 - _powi(beta1_w, step)
     bc2_sqrt = tl.sqrt(1 - _powi(beta2_w, step)).to(ACC)
     step_size = (lr_w / bc1).to(ACC)
+    scale = lr
     if HAS_SCALE:
         scale = tl.load(GradScale).to(ACC)
 
-    pp = _ptr(Table, 2 * T + t, WP)
-    gp = _ptr(Table, 3 * T + t, WG)
-    mp = _ptr(Table, 4 * T + t, WM)
-    vp = _ptr(Table, 5 * T + t, WV)
+    pp = _ptr(Table, 2 * T + t, WP, ALIGNED)
+    gp = _ptr(Table, 3 * T + t, WG, ALIGNED)
+    mp = _ptr(Table, 4 * T + t, WM, ALIGNED)
+    vp = _ptr(Table, 5 * T + t, WV, ALIGNED)
+    xp = WX
     if AMSGRAD:
-        xp = _ptr(Table, 6 * T + t, WX)
-    for i in range(0, steps):
+        xp = _ptr(Table, 6 * T + t, WX, ALIGNED)
+    for i in range(0, full):
         offs = base + i * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < end
-        p = tl.load(pp + offs, mask=mask, other=0).to(ACC)
-        g = tl.load(gp + offs, mask=mask, other=0).to(ACC)
-        m = tl.load(mp + offs, mask=mask, other=0).to(ACC)
-        v = tl.load(vp + offs, mask=mask, other=0).to(ACC)
-        if HAS_SCALE:
-            g = div_true(g, scale)
-            _store(gp, offs, g, mask)  # the unscaled gradient is written back, as torch's
-        if MAXIMIZE:
-            g = neg(g)
-        if ADAMW:
-            p = tl.where(wd != 0, p - lr * wd * p, p)
+        _adam_step(pp, gp, mp, vp, xp, offs, None, lr, wd, beta1, beta2, eps, bc2_sqrt,
+                   step_size, scale, ADAMW, AMSGRAD, MAXIMIZE, HAS_SCALE, ACC)
+    if rest < end:
+        offs = rest + tl.arange(0, BLOCK)
+        _adam_step(pp, gp, mp, vp, xp, offs, offs < end, lr, wd, beta1, beta2, eps,
+                   bc2_sqrt, step_size, scale, ADAMW, AMSGRAD, MAXIMIZE, HAS_SCALE, ACC)
+
+
+@triton.jit
+def _sgd_step(pp, gp, bp, offs, mask, lr, wd, momentum, dampening, scale,
+              HAS_BUF: tl.constexpr, FIRST: tl.constexpr, NESTEROV: tl.constexpr,
+              MAXIMIZE: tl.constexpr, HAS_SCALE: tl.constexpr, ACC: tl.constexpr):
+    """One block of sgd_kernel."""
+    p = _ld(pp, offs, mask, 0, ACC)
+    g = _ld(gp, offs, mask, 0, ACC)
+    if HAS_SCALE:
+        g = div_true(g, scale)
+        _store(gp, offs, g, mask)
+    if MAXIMIZE:
+        g = neg(g)
+    g = tl.where(wd != 0, g + wd * p, g)
+    if HAS_BUF:
+        if FIRST:
+            buf = g
         else:
-            g = tl.where(wd != 0, g + p * wd, g)
-        # torch's CUDA kernel: beta * m + (g - beta * g), each step an fma.
-        m = tl.fma(beta1, m, tl.fma(-beta1, g, g))
-        gg = g * g
-        v = tl.fma(beta2, v, tl.fma(-beta2, gg, gg))
-        if AMSGRAD:
-            vmax = maximum(tl.load(xp + offs, mask=mask, other=0).to(ACC), v)
-            _store(xp, offs, vmax, mask)
-            denom = div_true(sqrt(vmax), bc2_sqrt) + eps
+            buf = _ld(bp, offs, mask, 0, ACC)
+            buf = momentum * buf + (1 - dampening) * g
+        _store(bp, offs, buf, mask)
+        if NESTEROV:  # noqa: SIM108 - a static if in Triton, not a select
+            g = g + momentum * buf
         else:
-            denom = div_true(sqrt(v), bc2_sqrt) + eps
-        p = p - div_true(step_size * m, denom)
-        _store(pp, offs, p, mask)
-        _store(mp, offs, m, mask)
-        _store(vp, offs, v, mask)
+            g = buf
+    p = p - lr * g
+    _store(pp, offs, p, mask)
 
 
 @kernel("fused_sgd", key=[])
@@ -315,10 +403,11 @@ def sgd_kernel(
     HAS_SCALE: tl.constexpr,
     HAS_INF: tl.constexpr,
     ACC: tl.constexpr,
+    ALIGNED: tl.constexpr,  # every data pointer of the group is 16-byte aligned
     BLOCK: tl.constexpr,  # elements per loop step
     TILE: tl.constexpr,  # elements per program (the table's unit), a multiple of BLOCK
 ):
-    t, base, end, steps = _tile(Table, T, STEPS, FoundInf, HAS_INF, TILE, BLOCK)
+    t, base, end, full, rest = _tile(Table, T, STEPS, FoundInf, HAS_INF, TILE, BLOCK)
     if LR_TENSOR:  # noqa: SIM108 - a static if in Triton, not a select
         lr = tl.load(LR).to(ACC)
     else:
@@ -326,33 +415,19 @@ def sgd_kernel(
     wd = tl.load(S + 1).to(ACC)
     momentum = tl.load(S + 2).to(ACC)
     dampening = tl.load(S + 3).to(ACC)
+    scale = lr
     if HAS_SCALE:
         scale = tl.load(GradScale).to(ACC)
-    pp = _ptr(Table, 2 * T + t, WP)
-    gp = _ptr(Table, 3 * T + t, WG)
+    pp = _ptr(Table, 2 * T + t, WP, ALIGNED)
+    gp = _ptr(Table, 3 * T + t, WG, ALIGNED)
+    bp = WB
     if HAS_BUF:
-        bp = _ptr(Table, 4 * T + t, WB)
-    for i in range(0, steps):
+        bp = _ptr(Table, 4 * T + t, WB, ALIGNED)
+    for i in range(0, full):
         offs = base + i * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < end
-        p = tl.load(pp + offs, mask=mask, other=0).to(ACC)
-        g = tl.load(gp + offs, mask=mask, other=0).to(ACC)
-        if HAS_SCALE:
-            g = div_true(g, scale)
-            _store(gp, offs, g, mask)
-        if MAXIMIZE:
-            g = neg(g)
-        g = tl.where(wd != 0, g + wd * p, g)
-        if HAS_BUF:
-            if FIRST:
-                buf = g
-            else:
-                buf = tl.load(bp + offs, mask=mask, other=0).to(ACC)
-                buf = momentum * buf + (1 - dampening) * g
-            _store(bp, offs, buf, mask)
-            if NESTEROV:  # noqa: SIM108 - a static if in Triton, not a select
-                g = g + momentum * buf
-            else:
-                g = buf
-        p = p - lr * g
-        _store(pp, offs, p, mask)
+        _sgd_step(pp, gp, bp, offs, None, lr, wd, momentum, dampening, scale, HAS_BUF,
+                  FIRST, NESTEROV, MAXIMIZE, HAS_SCALE, ACC)
+    if rest < end:
+        offs = rest + tl.arange(0, BLOCK)
+        _sgd_step(pp, gp, bp, offs, offs < end, lr, wd, momentum, dampening, scale, HAS_BUF,
+                  FIRST, NESTEROV, MAXIMIZE, HAS_SCALE, ACC)

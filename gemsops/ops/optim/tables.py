@@ -91,10 +91,10 @@ _SET: list[bool] = []  # set_layout chose _LAYOUT (both kinds use it)
 class Group:
     """The indices of one dtype signature and their device table."""
 
-    __slots__ = ("blocks", "dtypes", "indices", "steps", "table", "tensors")
+    __slots__ = ("aligned", "blocks", "dtypes", "indices", "steps", "table", "tensors")
 
     def __init__(self, indices: list[int] | None, dtypes: tuple[torch.dtype, ...],
-                 table: Tensor, tensors: int, blocks: int) -> None:
+                 table: Tensor, tensors: int, blocks: int, aligned: bool = False) -> None:
         self.indices = indices
         """Positions in the lists (None: every position, in order)."""
         self.dtypes = dtypes
@@ -105,6 +105,9 @@ class Group:
         """Programs of the launch (the grid): tiles of the group's tensors."""
         self.steps = (tensors - 1).bit_length()
         """Halvings of the kernels' binary search."""
+        self.aligned = aligned
+        """Every data pointer of the lists (the side lists aside) is 16-byte aligned: the
+        kernels' ``ALIGNED``, which lets them load 16 bytes at a time."""
 
     @property
     def acc(self) -> torch.dtype:
@@ -234,30 +237,37 @@ def plan(name: str, lists: Sequence[Sequence[Tensor]],
                 content.extend(map(Tensor.data_ptr, lst))
             else:
                 content.extend(lst[i].data_ptr() for i in indices)
-        table = _table(tuple(content), device)
-        groups.append(Group(indices, signature, table, len(ns), starts[-1]))
+        t = len(ns)
+        # Data pointers: the lists' (after starts and counts) and the outputs' (last); the
+        # side lists' (one-element steps, between them) are read as scalars.
+        data = [(2 * t, (2 + len(lists)) * t)]
+        if outs is not None:
+            data.append((len(content) - t, len(content)))
+        table, aligned = _table(tuple(content), data, device)
+        groups.append(Group(indices, signature, table, t, starts[-1], aligned))
     return groups, outs
 
 
 class _Bounded:
-    """A dict of device tensors bounded by their total bytes; the oldest go first."""
+    """A dict of device tensors, each with a flag, bounded by the tensors' total bytes;
+    the oldest go first."""
 
     def __init__(self, limit: int) -> None:
-        self.items: dict[Any, Tensor] = {}
+        self.items: dict[Any, tuple[Tensor, bool]] = {}
         self.bytes = 0
         self.limit = limit
 
-    def get(self, key: Any) -> Tensor | None:
+    def get(self, key: Any) -> tuple[Tensor, bool] | None:
         return self.items.get(key)
 
-    def put(self, key: Any, value: Tensor) -> Tensor:
+    def put(self, key: Any, value: Tensor, flag: bool = False) -> tuple[Tensor, bool]:
         size = value.numel() * value.element_size()
         while self.items and self.bytes + size > self.limit:
-            old = self.items.pop(next(iter(self.items)))
+            old, _ = self.items.pop(next(iter(self.items)))
             self.bytes -= old.numel() * old.element_size()
-        self.items[key] = value
+        item = self.items[key] = (value, flag)
         self.bytes += size
-        return value
+        return item
 
 
 _TABLES = _Bounded(_CACHE_BYTES)
@@ -265,11 +275,16 @@ _SCALARS = _Bounded(_CACHE_BYTES)
 _WITNESSES: dict[tuple[torch.dtype, torch.device], Tensor] = {}
 
 
-def _table(content: tuple[int, ...], device: torch.device) -> Tensor:
+def _table(content: tuple[int, ...], data: Sequence[tuple[int, int]],
+           device: torch.device) -> tuple[Tensor, bool]:
+    """The device table of ``content``, and whether its data pointers (the slices
+    ``data`` of it) are all 16-byte aligned; both kept for the next call."""
     key = (device, content)
     hit = _TABLES.get(key)
     if hit is None:
-        hit = _TABLES.put(key, torch.tensor(content, dtype=torch.int64, device=device))
+        aligned = not any(p & 15 for a, b in data for p in content[a:b])
+        hit = _TABLES.put(key, torch.tensor(content, dtype=torch.int64, device=device),
+                          aligned)
     return hit
 
 
@@ -282,7 +297,7 @@ def scalars(values: Sequence[float], dtype: torch.dtype, device: torch.device) -
     hit = _SCALARS.get(key)
     if hit is None:
         hit = _SCALARS.put(key, torch.tensor(values, dtype=dtype, device=device))
-    return hit
+    return hit[0]
 
 
 def witness(dtype: torch.dtype, device: torch.device) -> Tensor:
