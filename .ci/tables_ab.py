@@ -146,7 +146,8 @@ def _profiled(steps: Any, model: Any, inputs: Any, opt: Any) -> dict[str, Any]:
     rows.sort(reverse=True)
     return {"device_ms": round(sum(r[0] for r in rows), 2), "top": rows[:12],
             "native_per_step": (steps._native_hits() - hits0) // 3,
-            "handed_back": dict(rec.fallbacks.most_common(6)),
+            "handed_back": {" ".join(map(str, k)) if isinstance(k, tuple) else str(k): v
+                            for k, v in rec.fallbacks.most_common(6)},
             "direct_off": [(r["kernel"], r["disabled"]) for r in stats() if r["disabled"]][:8]}
 
 

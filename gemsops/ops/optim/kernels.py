@@ -24,10 +24,10 @@ compares with a count of unknown divisibility.
 
 A program finds its tensor by a binary search of the starts (``STEPS`` halvings, the
 bit length of T - 1), then casts the pointer it loads to the list's element type: the
-``W*`` arguments are one-element "witness" tensors of each list's dtype, whose pointer type ``.dtype`` is the target of the cast. Scalars come from ``S``,
-a small device vector of the compute dtype (uniform scalars first, then one per
-tensor), so float64 groups get float64 scalars and no launch specializes on a scalar's
-value.
+``W*`` arguments are one-element "witness" tensors of each list's dtype, whose pointer
+type ``.dtype`` is the target of the cast. Scalars come from ``S``, a small device vector
+of the compute dtype (uniform scalars first, then one per tensor), so float64 groups get
+float64 scalars and no launch specializes on a scalar's value.
 """
 
 from __future__ import annotations
