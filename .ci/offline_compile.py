@@ -360,7 +360,27 @@ def _dropout_cases() -> list[Case]:
     return cases
 
 
+def _reduce_cases() -> list[Case]:
+    """The small Llama step's reductions (RMSNorm's mean and its backward's sums)."""
+    import torch
+
+    from gemsops.ops.rowwise import value
+
+    x = _t(4, 512, 1024)
+    g = _t(4, 512, 1024, dtype=torch.bfloat16)
+    mask = _t(4, 512, dtype=torch.bool)
+    return [
+        ("sum(-1) f32 4x512x1024", _bind(value.reduce, x, (2,), True, value.SUM, torch.float32)),
+        ("mean(-1) f32 4x512x1024", _bind(value.reduce, x, (2,), True, value.SUM,
+                                          torch.float32, count=1024)),
+        ("sum((0,1)) bf16 4x512x1024", _bind(value.reduce, g, (0, 1), False, value.SUM,
+                                             torch.bfloat16)),
+        ("sum() bool 4x512", _bind(value.reduce, mask, (0, 1), False, value.SUM, torch.int64)),
+    ]
+
+
 FAMILIES: dict[str, Callable[[], list[Case]]] = {
+    "reduce": _reduce_cases,
     "attention": _attention_cases,
     "dropout": _dropout_cases,
     "math": lambda: _pointwise_cases("math"),

@@ -26,7 +26,53 @@ spec.loader.exec_module(steps)
 
 p = argparse.ArgumentParser()
 p.add_argument("--b", default=None, help="a tuning file (GEMS_TUNE_CONFIG) instead of the tables")
+p.add_argument("--hook", action="store_true",
+               help="also time each reduce launch of one step from Python (replay memo and "
+                    "native replay off), with its view and the config it launched")
 a = p.parse_args()
+if a.hook:
+    import sys as _sys
+
+    import gemsops.ops.replay as _replay
+    import gemsops.ops.rowwise.tiles as _tiles
+
+    class _NoMemo(dict):  # type: ignore[type-arg]
+        def __setitem__(self, k: object, v: object) -> None:
+            pass
+
+    _replay._MEMO = _NoMemo()
+    _orig = _tiles.launch
+    HOOKED: list[dict[str, object]] = []
+
+    def _timed(rows_kernel, mid_kernel, lay, pointers, scalars, consts, parts=None):  # type: ignore[no-untyped-def]
+        src, m, n, k, sm, sn = lay
+        kern = rows_kernel if k == 1 else mid_kernel
+        seen: dict[str, object] = {}
+        launch_fn = kern.launch
+
+        def spy(grid, args, kw):  # type: ignore[no-untyped-def]
+            def g(meta):  # type: ignore[no-untyped-def]
+                seen.update({kk: vv for kk, vv in meta.items() if kk.isupper() or kk.startswith("num_")})
+                return grid(meta)
+            return launch_fn(g, args, kw)
+
+        kern.launch = spy
+        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s0.record()
+        try:
+            return _orig(rows_kernel, mid_kernel, lay, pointers, scalars, consts, parts)
+        finally:
+            s1.record()
+            del kern.launch
+            torch.cuda.synchronize()
+            HOOKED.append({"op": str(kern)[:40], "shape": list(src.shape), "dtype": str(src.dtype),
+                           "M": m, "N": n, "K": k, "sm": sm, "sn": sn, "parts": parts,
+                           "scalars": [str(x) for x in scalars], "meta": {kk: str(vv) for kk, vv in seen.items()},
+                           "ms": round(s0.elapsed_time(s1), 4)})
+
+    for _mod in list(_sys.modules.values()):
+        if getattr(_mod, "__name__", "").startswith("gemsops.ops") and getattr(_mod, "launch", None) is _orig:
+            _mod.launch = _timed  # type: ignore[attr-defined]
 if a.b:
     os.environ["GEMS_TUNE_CONFIG"] = a.b
 tune.clear_cache()
@@ -36,6 +82,13 @@ with gemsops.use_gems():
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         steps._step(model, inputs, opt)
         torch.cuda.synchronize()
+if a.hook:
+    HOOKED.clear()
+    with gemsops.use_gems():
+        steps._step(model, inputs, opt)
+        torch.cuda.synchronize()
+    for h in sorted(HOOKED, key=lambda h: -float(h["ms"]))[:40]:  # type: ignore[arg-type]
+        print(json.dumps(h), flush=True)
 rows = []
 for ev in prof.key_averages(group_by_input_shape=True):
     dt = getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0)
