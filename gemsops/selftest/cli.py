@@ -19,7 +19,7 @@ from gemsops import registry
 from gemsops.selftest.cases import CASES
 from gemsops.selftest.records import DEFAULT_EXAMPLES, OUTCOMES, Case, Row
 from gemsops.selftest.runner import prepare, run
-from gemsops.selftest.workers import compile_in_workers, plan
+from gemsops.selftest.workers import WORKERS_ENV, check_in_workers, plan
 
 __all__ = [
     "add_parser",
@@ -78,7 +78,7 @@ def add_parser(sub: Any) -> None:
         "--compile-only",
         action="store_true",
         help="launch each check's examples once so their kernels land in Triton's cache, "
-        "check nothing, and exit (what the compile worker processes run)",
+        "check nothing, and exit (warms the cache for a later run)",
     )
     p.set_defaults(run=main)
 
@@ -114,6 +114,14 @@ def _selected(args: argparse.Namespace) -> tuple[list[Case], list[torch.dtype] |
     return cases, dtypes
 
 
+def _in_order(rows: Sequence[Row], cases: Sequence[Case]) -> list[Row]:
+    """``rows`` in the order one process would check them: by case, then by the case's
+    dtypes."""
+    rank = {(case.op, str(d)[6:]): (i, j) for i, case in enumerate(cases)
+            for j, d in enumerate(case.dtypes)}
+    return sorted(rows, key=lambda r: rank.get((r.op, r.dtype), (len(rank), 0)))
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the self-test; print a row per op and dtype and a summary. 1 when any failed."""
     from gemsops.bench import output_problem
@@ -136,22 +144,33 @@ def main(args: argparse.Namespace) -> int:
         started = prepare(cases, dtypes, examples=args.examples)
         print(f"{started} kernels compiled in {time.perf_counter() - start:.1f} s", flush=True)
         return 0
-    if not dev.interpreter:
-        workers, per = plan()
-        if workers > 1 and len(cases) > 1:
-            print(f"compiling the checks' kernels first, in {workers} worker processes "
-                  f"of {per} threads...", flush=True)
-            compile_in_workers(cases, dtypes, args.examples, workers, per,
-                               say=lambda line: print(line, flush=True))
-            print("loading them from Triton's cache...", flush=True)
-        else:
+    workers, per = plan()
+    if dev.interpreter and WORKERS_ENV not in os.environ:
+        workers = 0  # nothing compiles on the interpreter; set it to shard anyway
+    if workers > 1 and len(cases) > 1:
+        print(f"checking {len(cases)} ops in {workers} worker processes side by side "
+              f"({per} compile threads each); a line as each ends...", flush=True)
+        rows, left = check_in_workers(cases, dtypes, args.examples, workers, per,
+                                      say=lambda line: print(line, flush=True))
+        if left:
+            print(f"checking the {len(left)} ops of the workers that ended early here...",
+                  flush=True)
+            prepare(left, dtypes, examples=args.examples)
+            rows += run(left, dtypes, examples=args.examples)
+        rows = _in_order(rows, cases)
+        print(_header(width))
+        for row in rows:
+            print(_line(row, width))
+    else:
+        if not dev.interpreter:
             print(f"compiling the checks' kernels first, on {threads()} threads...",
                   flush=True)
-        started = prepare(cases, dtypes, examples=args.examples)
-        print(f"{started} kernels compiled in {time.perf_counter() - start:.1f} s", flush=True)
-    print(_header(width))
-    rows = run(cases, dtypes, examples=args.examples,
-               on_row=lambda row: print(_line(row, width), flush=True))
+            started = prepare(cases, dtypes, examples=args.examples)
+            print(f"{started} kernels compiled in {time.perf_counter() - start:.1f} s",
+                  flush=True)
+        print(_header(width))
+        rows = run(cases, dtypes, examples=args.examples,
+                   on_row=lambda row: print(_line(row, width), flush=True))
     counts = summary(rows)
     took = time.perf_counter() - start
     print(", ".join(f"{n} {outcome}" for outcome, n in counts.items()) + f" ({took:.1f} s)")
