@@ -544,3 +544,41 @@ def test_var_mean_kernel_keeps_an_infinite_first_value_infinite(
     assert mean[0].item() == math.inf and mean[1].item() == -math.inf
     assert mean[2].item() == pytest.approx(6.0) and var[2].item() == pytest.approx(1.0)
     assert math.isnan(var[0].item()) and math.isnan(var[1].item())
+
+
+@settings(max_examples=200)
+@given(m=st.integers(1, 4096), n=st.integers(1, 1 << 22), k=st.sampled_from([1, 1, 2, 7, 128, 1024]),
+       sms=st.sampled_from([1, 8, 132]))
+def test_small_problems_split_only_long_lines(m: int, n: int, k: int, sms: int) -> None:
+    """Below SPLIT_MIN_TOTAL a line is split exactly when it is LONG_LINE elements or
+    longer and the problem has fewer programs than SPLIT_WAVES per multiprocessor; then
+    its parts cover it exactly, no program reads fewer than SHORT_CHUNK elements (its chunk
+    times its columns), and the parts add at most one program per line past the
+    target."""
+    if m * n * k >= reduce_layout.SPLIT_MIN_TOTAL:
+        return
+    parts, chunk = reduce_layout.split_sizes(m, n, k, sms)
+    width = 1 if k == 1 else min(k, reduce_layout.MID_WIDTH)
+    programs = m if k == 1 else m * -(-k // reduce_layout.MID_WIDTH)
+    target = reduce_layout.SPLIT_WAVES * sms
+    if n < reduce_layout.LONG_LINE or programs >= target:
+        assert (parts, chunk) == (1, n)
+        return
+    assert parts > 1 and -(-n // chunk) == parts
+    assert chunk * width >= reduce_layout.SHORT_CHUNK
+    assert programs * (parts - 1) < target
+
+
+def test_a_long_line_of_a_small_problem_is_split_and_matches_torch() -> None:
+    """A full reduction of a 20000-element line (a small problem, so at the default
+    sizes only the long-line rule splits it) runs in parts, and sum, mean, amax, argmax
+    and cumsum over it equal torch's."""
+    gen = torch.Generator().manual_seed(11)
+    x = to_target(torch.randn(20000, generator=gen))
+    lay = reduce_layout.plan(x, (0,))
+    assert lay is not None and lay.M == 1 and reduce_layout.split(lay)[0] > 1
+    assert_close(R.sum(x, None), reference(torch.sum, x, None), reduce_size=20000)
+    assert_close(R.mean(x, None), reference(torch.mean, x, None), reduce_size=20000)
+    _same(R.amax(x, ()), torch.amax(x.cpu(), ()))
+    _same(argmax(x, None), torch.argmax(x.cpu(), None))
+    assert_close(cumsum(x, 0), reference(torch.cumsum, x, 0), reduce_size=20000)

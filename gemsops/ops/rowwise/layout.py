@@ -57,11 +57,23 @@ INDEX_SENTINEL = 2**31 - 1
 never wins a tie (indices are int32 inside the kernels)."""
 
 SPLIT_MIN_TOTAL = 1 << 22
-"""Smallest problem (elements read) ever split: below it one pass is faster than the
-second launch a split needs, whose host cost alone is tens of microseconds."""
+"""Problems (elements read) from this size on split their lines in
+:data:`SPLIT_MIN_CHUNK` pieces or more; smaller ones split only lines of
+:data:`LONG_LINE` elements or more, in :data:`SHORT_CHUNK` pieces."""
 
 SPLIT_MIN_CHUNK = 32768
-"""Fewest elements one program reduces when a line is split across programs."""
+"""Fewest elements one program reduces when a line of a large problem is split."""
+
+LONG_LINE = 16384
+"""Line length (elements along the reduced axis) from which a line is split even in a
+small problem. One program walks its line one
+chunk after another, each chunk's loads waiting on memory (about a microsecond a chunk),
+so a long line in few programs is latency-bound: a 2M-element full sum in one program
+would take over a millisecond, where split it takes a few microseconds and the second
+launch. Shorter lines take less than the second launch costs."""
+
+SHORT_CHUNK = 4096
+"""Fewest elements one program reduces when a line of a small problem is split."""
 
 SPLIT_WAVES = 16
 """Programs per multiprocessor a split aims for: enough loads in flight to reach the
@@ -370,21 +382,34 @@ def split(lay: Layout) -> tuple[int, int]:
     partial results. Returns ``(splits, chunk)``; ``splits == 1`` means one pass.
     """
     m, n, k = lay.M, lay.N, lay.K
-    if m * n * k < SPLIT_MIN_TOTAL:
+    if _least_chunk(m, n, k) is None:
         return 1, max(n, 1)  # split_sizes' answer, without looking up the device
     return split_sizes(m, n, k, gemshal.device_of(lay.src).multiprocessor_count)
 
 
+def _least_chunk(m: int, n: int, k: int) -> int | None:
+    # The fewest elements a split program of an (M, N, K) problem reads (its chunk times
+    # its columns), or None when the problem's lines are too short to split. A small
+    # problem is split only for lines of LONG_LINE elements or more: a middle-form
+    # program's columns (BLOCK_K, as few as 4 in the tables) load side by side, so its
+    # time follows the line's length alone.
+    width = 1 if k == 1 else min(k, MID_WIDTH)
+    if m * n * k >= SPLIT_MIN_TOTAL:
+        return SPLIT_MIN_CHUNK if n * width >= 2 * SPLIT_MIN_CHUNK else None
+    return SHORT_CHUNK if n >= LONG_LINE else None
+
+
 def split_sizes(m: int, n: int, k: int, sms: int) -> tuple[int, int]:
     """:func:`split` for an (M, N, K) problem given by its sizes."""
-    width = 1 if k == 1 else min(k, MID_WIDTH)
-    if m * n * k < SPLIT_MIN_TOTAL or n * width < 2 * SPLIT_MIN_CHUNK:
+    least = _least_chunk(m, n, k)
+    if least is None:
         return 1, max(n, 1)
+    width = 1 if k == 1 else min(k, MID_WIDTH)
     programs = m if k == 1 else m * -(-k // MID_WIDTH)
     target = SPLIT_WAVES * max(1, sms)
     if programs >= target:
         return 1, n
-    want = min(-(-target // programs), n * width // SPLIT_MIN_CHUNK)
+    want = min(-(-target // programs), n * width // least)
     chunk = -(-n // want)
     if k == 1:
         chunk = -(-chunk // SPLIT_ALIGN) * SPLIT_ALIGN
