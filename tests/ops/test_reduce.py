@@ -547,8 +547,8 @@ def test_var_mean_kernel_keeps_an_infinite_first_value_infinite(
 
 
 @settings(max_examples=200)
-@given(m=st.integers(1, 4096), n=st.integers(1, 1 << 22), k=st.sampled_from([1, 1, 2, 7, 128, 1024]),
-       sms=st.sampled_from([1, 8, 132]))
+@given(m=st.integers(1, 4096), n=st.integers(1, 1 << 22),
+       k=st.sampled_from([1, 1, 2, 7, 128, 1024]), sms=st.sampled_from([1, 8, 132]))
 def test_small_problems_split_only_long_lines(m: int, n: int, k: int, sms: int) -> None:
     """Below SPLIT_MIN_TOTAL a line is split exactly when it is LONG_LINE elements or
     longer and the problem has fewer programs than SPLIT_WAVES per multiprocessor; then
