@@ -380,3 +380,28 @@ def test_resized_out_takes_torchs_layout() -> None:
     torch.add(a.cpu(), a.cpu(), out=ref)
     assert out.stride() == ref.stride()
     assert_close(out, ref.double())
+
+
+SAME_DTYPE_OUT = {"neg": pw.neg, "abs": pw.abs, "sign": pw.sign, "floor": act.floor}
+
+
+@pytest.mark.parametrize("name", sorted(SAME_DTYPE_OUT))
+@pytest.mark.parametrize(("dtype", "out_dtype"), [
+    (torch.float32, torch.float64), (torch.float32, torch.bfloat16),
+    (torch.bfloat16, torch.float32), (torch.float32, torch.float32)])
+def test_same_dtype_ops_write_only_their_own_dtype_out(name: str, dtype: torch.dtype,
+                                                       out_dtype: torch.dtype) -> None:
+    """neg, abs, sign and floor write an ``out=`` of the input's dtype (torch's values)
+    and hand any other back with ``out`` untouched, where torch raises."""
+    x = to_target(torch.tensor([-2.5, -0.0, 0.75, 3.0]).to(dtype))
+    out = to_target(torch.full((4,), 7.0, dtype=out_dtype))
+    fn = SAME_DTYPE_OUT[name]
+    if out_dtype != dtype:
+        with pytest.raises(RuntimeError):
+            getattr(torch, name)(x.cpu(), out=torch.empty(4, dtype=out_dtype))
+        with pytest.raises(Unsupported, match=str(out_dtype)):
+            fn(x, out=out)
+        assert bool((out.cpu() == 7.0).all())
+    else:
+        fn(x, out=out)
+        assert torch.equal(out.cpu(), getattr(torch, name)(x.cpu()))

@@ -209,8 +209,11 @@ FLOOR = Op("floor", _floor, "p", dtypes=FLOAT_DTYPES)
 def floor(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
     """The largest integer not above ``self``, elementwise, in ``self``'s dtype (exact).
 
-    Integer and bool tensors, where floor is a copy, are handed to torch.
+    Integer and bool tensors, where floor is a copy, are handed to torch, and so is an
+    ``out=`` of another dtype than ``self``'s (torch raises).
     """
+    if out is not None and not inplace and out.dtype != self.dtype:
+        raise Unsupported(f"floor writes only a {self.dtype} out=, not {out.dtype} (torch raises)")
     return run(FLOOR, (self,), out=out, inplace=inplace)
 
 

@@ -283,12 +283,13 @@ def _compare(name: str, doc: str) -> Callable[..., Tensor]:
 
 
 neg = op("neg.default", out="neg.out", inplace="neg_.default")(
-    unary_function(NEG, "``-self``."))
+    unary_function(NEG, "``-self``.", same_dtype_out=True))
 abs = op("abs.default", out="abs.out", inplace="abs_.default")(
-    unary_function(ABS, "``|self|`` (``abs(-0.0)`` is ``0.0``)."))
+    unary_function(ABS, "``|self|`` (``abs(-0.0)`` is ``0.0``).", same_dtype_out=True))
 sign = op("sign.default", "sgn.default", out=("sign.out", "sgn.out"),
           inplace=("sign_.default", "sgn_.default"))(
-    unary_function(SIGN, "-1, 0 or 1 by the sign of ``self`` (0 for nan); ``sgn`` for reals."))
+    unary_function(SIGN, "-1, 0 or 1 by the sign of ``self`` (0 for nan); ``sgn`` for reals.",
+                   same_dtype_out=True))
 eq = _compare("eq", "``self == other`` as a bool tensor.")
 ne = _compare("ne", "``self != other`` as a bool tensor (true for nan).")
 lt = _compare("lt", "``self < other`` as a bool tensor.")

@@ -686,12 +686,21 @@ def _decide(op: PointwiseOp, operands: list[Any], out: Tensor | None, inplace: b
     return out
 
 
-def unary_function(record: PointwiseOp, doc: str) -> Callable[..., Tensor]:
+def unary_function(record: PointwiseOp, doc: str, *,
+                   same_dtype_out: bool = False) -> Callable[..., Tensor]:
     """The public function of a one-operand op: ``fn(self, *, out=None, inplace=False)``,
     named after ``record`` and documented by ``doc`` (declare it with
-    :func:`gemsops.declare.op`)."""
+    :func:`gemsops.declare.op`).
+
+    With ``same_dtype_out``, an ``out=`` of a dtype other than ``self``'s is handed back
+    (torch's kernels of neg, abs, sign and floor write only their input's own dtype and
+    raise on any other, where the rest cast the result into ``out``).
+    """
 
     def fn(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
+        if same_dtype_out and out is not None and not inplace and out.dtype != self.dtype:
+            raise Unsupported(f"{record.name} writes only a {self.dtype} out=, not "
+                              f"{out.dtype} (torch raises)")
         return run(record, (self,), out=out, inplace=inplace)
 
     fn.__name__ = fn.__qualname__ = record.name
