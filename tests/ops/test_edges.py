@@ -405,3 +405,23 @@ def test_same_dtype_ops_write_only_their_own_dtype_out(name: str, dtype: torch.d
     else:
         fn(x, out=out)
         assert torch.equal(out.cpu(), getattr(torch, name)(x.cpu()))
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float64, torch.bfloat16, torch.float32])
+def test_heaviside_writes_only_its_own_dtype_out(out_dtype: torch.dtype) -> None:
+    """heaviside writes an ``out=`` of its inputs' dtype (torch's values) and hands any
+    other back with ``out`` untouched, where torch raises."""
+    from gemsops.ops.pointwise import binary_math as bm
+
+    x = to_target(torch.tensor([-2.0, 0.0, 0.0, 3.0]))
+    v = to_target(torch.tensor([5.0, 0.5, -1.0, 9.0]))
+    out = to_target(torch.full((4,), 7.0, dtype=out_dtype))
+    if out_dtype != torch.float32:
+        with pytest.raises(RuntimeError):
+            torch.heaviside(x.cpu(), v.cpu(), out=torch.empty(4, dtype=out_dtype))
+        with pytest.raises(Unsupported, match=str(out_dtype)):
+            bm.heaviside(x, v, out=out)
+        assert bool((out.cpu() == 7.0).all())
+    else:
+        bm.heaviside(x, v, out=out)
+        assert torch.equal(out.cpu(), torch.heaviside(x.cpu(), v.cpu()))
