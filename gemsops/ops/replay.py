@@ -142,14 +142,11 @@ class _Recipe:
                 elif kind == "out":
                     call[position] = outs[index]
                 elif kind == "outview":
-                    shape, strides, delta = view
-                    call[position] = outs[index].as_strided(shape, strides, delta)
+                    call[position] = _rebuild(outs[index], view)
                 elif kind == "work":
                     call[position] = work[index]
                 else:
-                    base = inputs[index]
-                    shape, strides, delta = view
-                    call[position] = base.as_strided(shape, strides, base.storage_offset() + delta)
+                    call[position] = _rebuild(inputs[index], view)
             args = tuple(call)
             prepared = launch.prepared
             if prepared is None or not prepared.fire(args):
@@ -162,6 +159,11 @@ class _Recipe:
 
 def _find(t: Tensor, inputs: tuple[Any, ...],
           outs: tuple[Tensor, ...]) -> tuple[str, int, Any] | None:
+    """Where a launch's tensor ``t`` comes from: ``("out" | "in", index, None)``, or a
+    view of an output or input, ``("outview" | "view", index, (shape, strides, element
+    offset, dtype))``. A view may read its base as another dtype of the same element
+    size (a bool tensor read as uint8 by the reductions' kernel view). None when ``t``
+    is none of these, or a view of one that the replay could not rebuild."""
     for i, o in enumerate(outs):
         if t is o:
             return "out", i, None
@@ -169,16 +171,30 @@ def _find(t: Tensor, inputs: tuple[Any, ...],
         if t is x:
             return "in", i, None
     storage = t.untyped_storage().data_ptr()
-    for i, o in enumerate(outs):
-        if o.untyped_storage().data_ptr() == storage and t.dtype == o.dtype:
-            return "outview", i, (tuple(t.shape), tuple(t.stride()),
-                                  t.storage_offset() - o.storage_offset())
-    for i, x in enumerate(inputs):
-        if isinstance(x, Tensor) and x.untyped_storage().data_ptr() == storage and (
-                t.dtype == x.dtype):
-            return "view", i, (tuple(t.shape), tuple(t.stride()),
-                               t.storage_offset() - x.storage_offset())
+    for kind, pool in (("outview", outs), ("view", inputs)):
+        for i, x in enumerate(pool):
+            if isinstance(x, Tensor) and x.untyped_storage().data_ptr() == storage:
+                if t.element_size() != x.element_size():
+                    return None  # offsets in other units: not rebuilt, not a workspace
+                return kind, i, (tuple(t.shape), tuple(t.stride()),
+                                 t.storage_offset() - x.storage_offset(), t.dtype)
     return None
+
+
+def _rebuild(base: Tensor, view: tuple[Any, ...]) -> Tensor:
+    """The view :func:`_find` described, over this call's ``base``."""
+    shape, strides, delta, dtype = view
+    if dtype != base.dtype:
+        base = base.view(dtype)
+    return base.as_strided(shape, strides, base.storage_offset() + delta)
+
+
+def _shares_storage(t: Tensor, inputs: tuple[Any, ...], outs: tuple[Tensor, ...]) -> bool:
+    """Whether ``t`` lies in the storage of one of the call's tensors (so it is no
+    workspace of its own, whatever its dtype)."""
+    storage = t.untyped_storage().data_ptr()
+    return any(isinstance(x, Tensor) and x.untyped_storage().data_ptr() == storage
+               for x in (*inputs, *outs))
 
 
 def _owns_storage(t: Tensor) -> bool:
@@ -228,6 +244,8 @@ def _recipe(inputs: tuple[Any, ...], result: Any, rec: Any,
         for position, value in enumerate(args):
             if isinstance(value, Tensor):
                 found = _find(value, inputs, outs)
+                if found is None and _shares_storage(value, inputs, outs):
+                    return None  # a view of an input or output the replay cannot rebuild
                 if found is None:
                     # A tensor made for this call (a workspace): kept only where the op
                     # vouches its launches write every workspace before reading it.

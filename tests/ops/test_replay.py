@@ -226,6 +226,27 @@ def test_sum_replays_over_the_new_input() -> None:
     assert replay.kept() == 1
 
 
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 8), cols=st.integers(1, 600), seed=st.integers(0, 2**31 - 1))
+def test_bool_reductions_replay_over_the_new_input(rows: int, cols: int, seed: int) -> None:
+    """sum, all, any and amax of a bool tensor (read through its uint8 kernel view, a
+    view of another dtype) give torch's answer on every call of one structure: the
+    replay rebuilds the view over the new input (it once replayed the view as a fresh
+    workspace and summed uninitialised memory; HF's mask check ``mask.sum() ==
+    mask.numel()`` then failed and every step built a causal mask)."""
+    from gemsops.ops.rowwise import reduce as reduce_module
+
+    dev = target_device()
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(3):
+        x = torch.rand(rows, cols, generator=gen) < 0.5
+        xd = x.to(dev)
+        assert int(reduce_module.sum(xd, None).cpu()) == int(x.sum())
+        assert torch.equal(reduce_module.sum(xd, [1]).cpu(), x.sum(1))
+        assert torch.equal(reduce_module.amax(xd, [1]).cpu(), x.amax(1))
+    assert replay.kept() >= 1
+
+
 def test_a_split_sum_and_mean_replay_with_a_fresh_partial_buffer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
