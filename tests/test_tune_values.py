@@ -153,3 +153,29 @@ def test_shipped_files_hold_only_valid_values() -> None:
     assert files
     for path in files:
         loads(path.read_text(), TuneSource(path, "default", "gemsops"))
+
+
+def test_sm90_reduce_rows_never_launches_wide_tiles_on_narrow_lines() -> None:
+    """The shipped sm90 table gives reduce_rows a tile at most 16 wide for lines of 16
+    elements or fewer, at any row count and float dtype (the nearest row of a narrow
+    bfloat16 bucket was once an 8192-wide tile: a million programs reading 2 elements
+    each, 4.7 ms on an H100)."""
+    import tomllib
+    from collections import namedtuple
+    from pathlib import Path
+
+    from gemshal.kernel.plan import bucket, nearest_row
+
+    row = namedtuple("row", "when dtype config")
+    path = Path(__file__).parents[1] / "gemsops" / "tune" / "nvidia-sm90.toml"
+    table = tomllib.loads(path.read_text())["ops"]["reduce_rows"]["table"]
+    rows = []
+    for r in table:
+        r = dict(r)
+        config, dtype = r.pop("config"), r.pop("dtype", None)
+        rows.append(row(tuple(sorted(r.items())), dtype, config))
+    for dtype in ("float32", "bfloat16", "float16"):
+        for m in (1, 7, 2048, 1 << 20):
+            for n in (1, 2, 3, 8, 16):
+                chosen, _ = nearest_row(rows, {"M": bucket(m), "N": bucket(n)}, dtype)
+                assert chosen is not None and chosen.config["BLOCK_N"] <= 16, (dtype, m, n)
