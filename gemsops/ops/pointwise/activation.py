@@ -24,7 +24,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES, Number
 from gemsops.ops.pointwise import elementwise as M
-from gemsops.ops.pointwise.iterator import run, unary_function
+from gemsops.ops.pointwise.iterator import own_dtype_out, run, unary_function
 from gemsops.ops.pointwise.types import NO_BOOL
 from gemsops.ops.pointwise.types import PointwiseOp as Op
 from gemsops.ops.pointwise.types import Promotion as P
@@ -212,8 +212,7 @@ def floor(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> 
     Integer and bool tensors, where floor is a copy, are handed to torch, and so is an
     ``out=`` of another dtype than ``self``'s (torch raises).
     """
-    if out is not None and not inplace and out.dtype != self.dtype:
-        raise Unsupported(f"floor writes only a {self.dtype} out=, not {out.dtype} (torch raises)")
+    own_dtype_out("floor", self.dtype, out, inplace)
     return run(FLOOR, (self,), out=out, inplace=inplace)
 
 

@@ -29,7 +29,7 @@ from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, Number
 from gemsops.ops.pointwise import elementwise as M
 from gemsops.ops.pointwise.arith import _has_zero
 from gemsops.ops.pointwise.elementwise import _exp_precise, _fdiv, _fmod, _sqrt_rn
-from gemsops.ops.pointwise.iterator import run
+from gemsops.ops.pointwise.iterator import own_dtype_out, run
 from gemsops.ops.pointwise.math import atan_body, log1p_body
 from gemsops.ops.pointwise.types import NO_BOOL, result_type
 from gemsops.ops.pointwise.types import PointwiseOp as Op
@@ -314,15 +314,14 @@ Check = Callable[[Value, Value], Op | None]
 
 
 def _function(name: str, doc: str, check: Check | None = None,
-              own_dtype_out: bool = False) -> Callable[..., Tensor]:
+              own_dtype: bool = False) -> Callable[..., Tensor]:
     record = BINARY_MATH[name]
 
     def fn(self: Value, other: Value, *, out: Tensor | None = None,
            inplace: bool = False) -> Tensor:
         chosen = None if check is None else check(self, other)
-        if (own_dtype_out and out is not None and not inplace and isinstance(self, Tensor)
-                and out.dtype != self.dtype):
-            raise Unsupported(f"{name} writes only a {self.dtype} out=, not {out.dtype}")
+        if own_dtype and isinstance(self, Tensor):
+            own_dtype_out(name, self.dtype, out, inplace)
         return run(chosen or record, (self, other), out=out, inplace=inplace)
 
     fn.__name__ = fn.__qualname__ = name
@@ -333,10 +332,10 @@ def _function(name: str, doc: str, check: Check | None = None,
 
 def _declare(name: str, doc: str, *, scalar: Iterable[str] = (), inplace: bool = True,
              check: Check | None = None, args: dict[str, str | None] | None = None,
-             own_dtype_out: bool = False) -> Callable[..., Tensor]:
+             own_dtype: bool = False) -> Callable[..., Tensor]:
     """``name`` declared for its ``default`` overload (or ``Tensor`` and the overloads in
     ``scalar``), their out= ones and, with ``inplace``, ``name_``. With
-    ``own_dtype_out`` an ``out=`` of another dtype than ``self``'s is handed back (torch
+    ``own_dtype`` an ``out=`` of another dtype than ``self``'s is handed back (torch
     raises)."""
     scalar = tuple(scalar)
     overloads: tuple[str, ...] = ("default",)
@@ -350,7 +349,7 @@ def _declare(name: str, doc: str, *, scalar: Iterable[str] = (), inplace: bool =
         outs = ("out", "Scalar_out")
     return op(*(f"{name}.{o}" for o in overloads), out=tuple(f"{name}.{o}" for o in outs),
               inplace=tuple(f"{name}_.{o}" for o in inplaces) if inplace else (), args=args)(
-        _function(name, doc, check, own_dtype_out))
+        _function(name, doc, check, own_dtype))
 
 
 def _fmod_check(name: str) -> Check:
@@ -392,7 +391,7 @@ fmin = op("fmin.default", out="fmin.out")(
     _function("fmin", "Elementwise min; nan loses (unless both are nan)."))
 heaviside = _declare("heaviside", "0 below zero, 1 above, ``other`` at zero (one dtype only).",
                      check=_same_dtype("heaviside"), args={"values": "other"},
-                     own_dtype_out=True)
+                     own_dtype=True)
 nextafter = _declare("nextafter", "The next float after ``self`` towards ``other`` (float32 "
                      "and float64; half types go to torch).")
 logical_xor = _declare("logical_xor", "Exactly one nonzero, as a bool tensor.")

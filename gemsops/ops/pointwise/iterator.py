@@ -686,6 +686,14 @@ def _decide(op: PointwiseOp, operands: list[Any], out: Tensor | None, inplace: b
     return out
 
 
+def own_dtype_out(name: str, want: torch.dtype, out: Tensor | None, inplace: bool) -> None:
+    """Hand back an ``out=`` (not an in-place ``self``) of a dtype other than ``want``:
+    torch's kernels of some ops (neg, abs, sign, floor, the rounding family, heaviside)
+    write only that dtype and raise on any other, where the rest cast the result."""
+    if out is not None and not inplace and out.dtype != want:
+        raise Unsupported(f"{name} writes only a {want} out=, not {out.dtype} (torch raises)")
+
+
 def unary_function(record: PointwiseOp, doc: str, *,
                    same_dtype_out: bool = False) -> Callable[..., Tensor]:
     """The public function of a one-operand op: ``fn(self, *, out=None, inplace=False)``,
@@ -698,9 +706,8 @@ def unary_function(record: PointwiseOp, doc: str, *,
     """
 
     def fn(self: Tensor, *, out: Tensor | None = None, inplace: bool = False) -> Tensor:
-        if same_dtype_out and out is not None and not inplace and out.dtype != self.dtype:
-            raise Unsupported(f"{record.name} writes only a {self.dtype} out=, not "
-                              f"{out.dtype} (torch raises)")
+        if same_dtype_out:
+            own_dtype_out(record.name, self.dtype, out, inplace)
         return run(record, (self,), out=out, inplace=inplace)
 
     fn.__name__ = fn.__qualname__ = record.name

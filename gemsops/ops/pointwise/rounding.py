@@ -20,7 +20,7 @@ from gemsops.declare import op
 from gemsops.errors import Unsupported
 from gemsops.ops.dtypes import FLOAT_DTYPES
 from gemsops.ops.pointwise.elementwise import _fdiv, _trunc
-from gemsops.ops.pointwise.iterator import run
+from gemsops.ops.pointwise.iterator import own_dtype_out, run
 from gemsops.ops.pointwise.types import PointwiseOp as Op
 from gemsops.ops.pointwise.types import Promotion as P
 
@@ -145,12 +145,9 @@ NAN_TO_NUM = Op("nan_to_num", _nan_to_num, "pvv", P.FIRST, FLOAT_DTYPES)
 
 def _check_out(name: str, self: Tensor, out: Tensor | None, inplace: bool) -> None:
     """torch writes these ops' ``out=`` only in the result's own dtype, and raises else."""
-    if out is None or inplace:
-        return
     want = torch.bool if ROUNDING.get(name, NAN_TO_NUM).promotion is P.ALWAYS_BOOL \
         else self.dtype
-    if out.dtype != want:
-        raise Unsupported(f"{name} writes only a {want} out=, not {out.dtype}")  # torch raises
+    own_dtype_out(name, want, out, inplace)
 
 
 def _declare(name: str, doc: str, inplace: bool = True) -> Callable[..., Tensor]:
