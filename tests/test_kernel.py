@@ -294,6 +294,23 @@ def test_tables_launch_the_rows_config_and_benchmark_nothing(
                     (64, "nearest")}
 
 
+def test_first_policy_launches_the_first_config_at_every_bucket_rows_or_not(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GEMS_AUTOTUNE=first: a bucket a table row covers, and one it does not, both launch
+    the entry's first config (one compile per kernel, as the self-test wants); nothing
+    is benchmarked, and each choice says where it came from."""
+    (gpu_dir / "nvidia.toml").write_text(TABLE_FILE)
+    monkeypatch.setenv("GEMS_AUTOTUNE", "first")
+    monkeypatch.setattr(triton, "autotune", None)  # building an autotuner would fail
+    fake = FakeJit()
+    k = declare("k", key=["n"])(fake)
+    for n in (1000, 9, 2000):
+        k[(1,)](torch.empty(4), n)
+    assert [(launch["BLOCK"], launch["num_warps"]) for launch in fake.launches] == [(64, 4)] * 3
+    assert {c["how"] for c in k.choices()} == {"first"}
+
+
 class _FakeTemplate(FakeJit):
     """A template kernel taking its element function as an argument (as OP)."""
 
@@ -430,12 +447,14 @@ def test_python_rules_may_read_only_key_arguments(gpu_dir: Path) -> None:
 
 
 def test_policy_values_and_errors() -> None:
-    """GEMS_AUTOTUNE: unset and 0 mean tables, 1 uncovered buckets, all every bucket;
-    anything else is an error listing the valid values."""
+    """GEMS_AUTOTUNE: unset and 0 mean tables, 1 uncovered buckets, all every bucket,
+    first the first config everywhere; anything else is an error listing the valid
+    values."""
     assert plan.policy({}) == plan.policy({"GEMS_AUTOTUNE": "0"}) == "tables"
     assert plan.policy({"GEMS_AUTOTUNE": "1"}) == "uncovered"
     assert plan.policy({"GEMS_AUTOTUNE": "all"}) == "all"
-    with pytest.raises(ConfigError, match=r"0 or unset.*1.*all.*'yes'"):
+    assert plan.policy({"GEMS_AUTOTUNE": "first"}) == "first"
+    with pytest.raises(ConfigError, match=r"0 or unset.*1.*all.*first.*'yes'"):
         plan.policy({"GEMS_AUTOTUNE": "yes"})
 
 

@@ -547,7 +547,10 @@ class Kernel:
             choice = _Choice(when, dtype, state.pinned, "pinned")
             state.choices[ckey] = choice
             return ckey, choice, []
-        row, exact = _plan.nearest_row(state.table, when, dtype)
+        if state.policy == "first":
+            row, exact = None, False  # every bucket: the first config the pruning keeps
+        else:
+            row, exact = _plan.nearest_row(state.table, when, dtype)
         if state.policy == "all" or (state.policy == "uncovered" and not exact):
             return ckey, None, []  # benchmark
         order = _plan.config_order(

@@ -37,8 +37,8 @@ __all__ = [
 ]
 
 AUTOTUNE_ENV = "GEMS_AUTOTUNE"
-POLICIES = ("tables", "uncovered", "all")
-"""The tuning policies, by ``GEMS_AUTOTUNE`` value: unset/``0``, ``1``, ``all``."""
+POLICIES = ("tables", "uncovered", "all", "first")
+"""The tuning policies, by ``GEMS_AUTOTUNE`` value: unset/``0``, ``1``, ``all``, ``first``."""
 
 
 def policy(env: Mapping[str, str] | None = None) -> str:
@@ -54,10 +54,13 @@ def policy(env: Mapping[str, str] | None = None) -> str:
         return "uncovered"
     if raw == "all":
         return "all"
+    if raw == "first":
+        return "first"
     raise ConfigError(
         f"{AUTOTUNE_ENV} must be 0 or unset (launch the tuning tables' configs, benchmark "
-        f"nothing), 1 (benchmark the buckets no table row covers) or all (benchmark every "
-        f"bucket, as `gemsops tune` does); got {raw!r}"
+        f"nothing), 1 (benchmark the buckets no table row covers), all (benchmark every "
+        f"bucket, as `gemsops tune` does) or first (every bucket launches the entry's "
+        f"first config: fewest compiles, as `gemsops selftest` does); got {raw!r}"
     )
 
 

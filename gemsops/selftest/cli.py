@@ -67,12 +67,20 @@ def add_parser(sub: Any) -> None:
         metavar="N",
         help=f"examples drawn per op and dtype (default: {DEFAULT_EXAMPLES})",
     )
-    p.add_argument(
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
         "--tune",
         action="store_true",
         help="benchmark every size bucket's configs, as GEMS_AUTOTUNE=all does (default: "
-        "launch the tuning tables' configs, benchmarking nothing: the check is of results, "
-        "and tuning every drawn shape would take most of its time)",
+        "every bucket launches its kernel's first config, as GEMS_AUTOTUNE=first does, "
+        "benchmarking nothing: the check is of results, and one config per kernel "
+        "compiles fewest kernels)",
+    )
+    how.add_argument(
+        "--tables",
+        action="store_true",
+        help="launch the tuning tables' configs, as GEMS_AUTOTUNE=0 does (a kernel "
+        "compiles once per config its rows name)",
     )
     p.add_argument(
         "--compile-only",
@@ -130,16 +138,20 @@ def main(args: argparse.Namespace) -> int:
     if problem:
         raise SystemExit(f"gemsops selftest: {problem}")
     cases, dtypes = _selected(args)
-    if AUTOTUNE_ENV not in os.environ:
-        # This process only (the command exits after): --tune benchmarks every bucket as
-        # a tuning run would; otherwise the tables' configs, nothing benchmarked.
-        os.environ[AUTOTUNE_ENV] = "all" if getattr(args, "tune", False) else "0"
+    if getattr(args, "tune", False):
+        os.environ[AUTOTUNE_ENV] = "all"  # this process only: the command exits after
+    elif getattr(args, "tables", False):
+        os.environ[AUTOTUNE_ENV] = "0"
+    elif AUTOTUNE_ENV not in os.environ:
+        # Every bucket the first config: the fewest compiles (workers inherit it).
+        os.environ[AUTOTUNE_ENV] = "first"
     dev = gemshal.current_device()
     print(f"gemsops selftest on {dev.vendor.display_name} ({dev.name}), {args.examples} examples")
     for overload, where in registry.overrides().items():
         print(f"vendor override: {overload} <- {where}")
     width = max([_OP_WIDTH, *(len(case.op) for case in cases)])
     start = time.perf_counter()
+    started, compile_s = 0, 0.0
     if getattr(args, "compile_only", False):
         started = prepare(cases, dtypes, examples=args.examples)
         print(f"{started} kernels compiled in {time.perf_counter() - start:.1f} s", flush=True)
@@ -166,8 +178,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"compiling the checks' kernels first, on {threads()} threads...",
                   flush=True)
             started = prepare(cases, dtypes, examples=args.examples)
-            print(f"{started} kernels compiled in {time.perf_counter() - start:.1f} s",
-                  flush=True)
+            compile_s = time.perf_counter() - start
+            print(f"{started} kernels compiled in {compile_s:.1f} s", flush=True)
         print(_header(width))
         rows = run(cases, dtypes, examples=args.examples,
                    on_row=lambda row: print(_line(row, width), flush=True))
@@ -178,6 +190,8 @@ def main(args: argparse.Namespace) -> int:
         result = {
             "device": dev.as_dict(),
             "examples": args.examples,
+            "compiled": started,
+            "compile_s": round(compile_s, 2),
             "rows": [attrs.asdict(row) for row in rows],
             "summary": counts,
         }

@@ -26,8 +26,8 @@ import torch
 
 from gemsops.selftest.records import Case, Row
 
-__all__ = ["MAX_WORKERS", "WORKERS_ENV", "check_in_workers", "plan", "read_rows", "shares",
-           "worker_command"]
+__all__ = ["MAX_WORKERS", "WORKERS_ENV", "check_in_workers", "compiled", "plan", "read_rows",
+           "shares", "worker_command"]
 
 WORKERS_ENV = "GEMS_SELFTEST_WORKERS"
 """How many worker processes ``gemsops selftest`` checks in (0: none)."""
@@ -94,6 +94,17 @@ def read_rows(path: str) -> list[Row] | None:
         return None
 
 
+def compiled(path: str) -> tuple[int, float] | None:
+    """``(kernels compiled, seconds its compile-first pass took)`` as a worker's rows
+    file at ``path`` reports them, or None when it does not."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        return int(data["compiled"]), float(data["compile_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _popen(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
 
@@ -146,8 +157,11 @@ def check_in_workers(
                 if got is not None:
                     rows.extend(got)
                     failed = sum(r.outcome == "failed" for r in got)
+                    built = compiled(path)
+                    kernels = (f", {built[0]} kernels compiled in {built[1]:.1f} s"
+                               if built is not None else "")
                     say(f"  worker {i + 1} of {len(groups)} done ({len(group)} ops, "
-                        f"{len(got)} rows, {failed} failed, {took:.1f} s)")
+                        f"{len(got)} rows, {failed} failed{kernels}, {took:.1f} s)")
                 else:
                     left.extend(group)
                     say(f"  worker {i + 1} of {len(groups)} ended without its rows (rc {code}, "
