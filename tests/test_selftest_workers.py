@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections import Counter
 from typing import IO
 
 import attrs
@@ -20,28 +19,14 @@ from gemsops.cli import main
 from gemsops.selftest.cases import CASES
 from gemsops.selftest.records import Row
 from gemsops.selftest.workers import (
+    MARK,
     check_in_workers,
     plan,
     read_rows,
-    shares,
-    worker_command,
+    serve,
+    serve_command,
+    weight,
 )
-
-
-@pytest.mark.parametrize("workers", [1, 2, 3, 4, 7, 8])
-def test_shares_deal_every_case_to_exactly_one_worker(workers: int) -> None:
-    """Property: the shares partition the cases (each exactly once) and their sizes
-    differ by at most one."""
-    groups = shares(CASES, workers)
-    seen = Counter(c.op for g in groups for c in g)
-    assert set(seen) == {c.op for c in CASES} and set(seen.values()) == {1}
-    sizes = [len(g) for g in groups]
-    assert len(groups) == workers and max(sizes) - min(sizes) <= 1
-
-
-def test_more_workers_than_cases_leaves_no_empty_share() -> None:
-    """Two cases over eight workers: two shares of one case each."""
-    assert [len(g) for g in shares(CASES[:2], 8)] == [1, 1]
 
 
 def test_plan_reads_the_setting_and_splits_the_cpus() -> None:
@@ -60,17 +45,39 @@ def test_plan_reads_the_setting_and_splits_the_cpus() -> None:
         assert "GEMS_SELFTEST_WORKERS" in str(exc.value) and repr(bad) in str(exc.value)
 
 
-def test_the_worker_command_checks_its_cases_into_a_json_file() -> None:
-    """A worker runs the whole `gemsops selftest` (not --compile-only) over exactly its
-    share, its dtypes and examples, writing its rows to the given file."""
-    cmd = worker_command(CASES[:3], [torch.bfloat16], 5, "/tmp/rows.json")
+def test_the_worker_command_serves_cases_from_stdin_with_the_runs_settings() -> None:
+    """A worker runs `gemsops selftest --serve` (not --compile-only) with the run's
+    dtypes and examples; no case is named on its command line."""
+    cmd = serve_command([torch.bfloat16], 5)
     assert cmd[:4] == [sys.executable, "-m", "gemsops", "selftest"]
-    assert "--compile-only" not in cmd
-    assert cmd[cmd.index("--ops") + 1] == ",".join(c.op for c in CASES[:3])
+    assert "--serve" in cmd and "--compile-only" not in cmd and "--ops" not in cmd
     assert cmd[cmd.index("--dtypes") + 1] == "bfloat16"
     assert cmd[cmd.index("--examples") + 1] == "5"
-    assert cmd[cmd.index("--json") + 1] == "/tmp/rows.json"
-    assert "--dtypes" not in worker_command(CASES[:1], None, 3, "x.json")
+    assert "--dtypes" not in serve_command(None, 3)
+
+
+def test_serve_answers_each_named_case_with_its_rows_in_one_marked_line() -> None:
+    """serve() checks the cases named on its input lines, in that order, one marked
+    JSON line each (the rows a check in this process gives); a blank line is skipped
+    and an unknown name is answered with an error and no rows."""
+    import io
+
+    from gemsops.selftest.runner import run
+
+    picked = [c for c in CASES if c.op in ("neg", "abs")]
+    out = io.StringIO()
+    code = serve(CASES, [torch.float32], 1, lines=["abs\n", "\n", "nosuchop\n", "neg\n"],
+                 out=out)
+    assert code == 0
+    answers = [json.loads(line[len(MARK):]) for line in out.getvalue().splitlines()]
+    assert all(line.startswith(MARK) for line in out.getvalue().splitlines())
+    assert [a["op"] for a in answers] == ["abs", "nosuchop", "neg"]
+    assert answers[1]["rows"] == [] and "nosuchop" in answers[1]["error"]
+    expected = {c.op: run([c], [torch.float32], examples=1) for c in picked}
+    for answer in (answers[0], answers[2]):
+        got = [Row(**{**r, "served": tuple(r["served"])}) for r in answer["rows"]]
+        assert [(r.op, r.dtype, r.outcome) for r in got] == \
+            [(r.op, r.dtype, r.outcome) for r in expected[answer["op"]]]
 
 
 def test_rows_survive_the_json_a_worker_writes() -> None:
@@ -89,36 +96,103 @@ def test_rows_survive_the_json_a_worker_writes() -> None:
         assert read_rows(os.path.join(tmp, "missing.json")) is None
 
 
-def _writes_rows(rows: list[Row], code: int) -> str:
-    payload = json.dumps({"rows": [attrs.asdict(r) for r in rows]})
-    return (f"import sys; open(sys.argv[sys.argv.index('--json') + 1], 'w').write({payload!r}); "
-            f"sys.exit({code})")
+def _fake_worker(crash_on: str | None) -> str:
+    """A stand-in for `gemsops selftest --serve`: answers each case name with one passed
+    row (two kernels compiled), printing other lines too; exits -6 on ``crash_on``."""
+    return (
+        "import json, sys\n"
+        "print('noise before the first answer', flush=True)\n"
+        "for line in sys.stdin:\n"
+        "    op = line.strip()\n"
+        f"    if op == {crash_on!r}:\n"
+        "        print('boom: device fault', file=sys.stderr); sys.exit(-6)\n"
+        "    row = dict(op=op, dtype='float32', outcome='passed', examples=1, detail='',\n"
+        "               example='', served=[op])\n"
+        f"    print({MARK!r} + json.dumps(dict(op=op, rows=[row], compiled=2, compile_s=0.5)),\n"
+        "          flush=True)\n"
+    )
 
 
-def test_rows_of_clean_workers_count_and_a_crashed_workers_cases_come_back() -> None:
-    """Workers run side by side with GEMS_SELFTEST_WORKERS=0 (no nesting) and
-    GEMS_COMPILE_THREADS set. One exiting 1 (a failed row) with its rows counts; one that
-    dies without rows is reported with its last stderr line, its cases returned to be
-    checked by the caller."""
-    seen: list[tuple[list[str], dict[str, str]]] = []
-    failed = Row(CASES[0].op, "float32", "failed", 2, "mismatch")
+def test_workers_take_cases_from_one_queue_costliest_first() -> None:
+    """Every case is checked exactly once, by whichever worker answers first; the cases
+    go out in order of falling weight; workers run with GEMS_SELFTEST_WORKERS=0 (no
+    nesting) and GEMS_COMPILE_THREADS set; each worker's end line counts its cases,
+    rows and kernels."""
+    cases = list(CASES[:9])
+    seen: list[dict[str, str]] = []
 
     def launch(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
-        seen.append((cmd, env))
-        code = _writes_rows([failed], 1) if len(seen) == 1 else \
-            "import sys; print('boom: device fault', file=sys.stderr); sys.exit(-6)"
-        return subprocess.Popen([sys.executable, "-c", code, *cmd[1:]], stderr=err)
+        seen.append(env)
+        return subprocess.Popen([sys.executable, "-c", _fake_worker(None)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
 
     lines: list[str] = []
-    rows, left = check_in_workers(CASES[:4], None, 2, 2, 3, launch=launch, say=lines.append,
-                                  poll_s=0.01)
-    assert rows == [failed]
-    assert [c.op for c in left] == [CASES[1].op, CASES[3].op]
-    settings = {(e["GEMS_SELFTEST_WORKERS"], e["GEMS_COMPILE_THREADS"]) for _, e in seen}
-    assert settings == {("0", "3")}
-    assert any("worker 1 of 2 done (2 ops, 1 rows, 1 failed" in line for line in lines)
-    assert any("worker 2 of 2 ended without its rows" in line and "boom: device fault" in line
-               for line in lines)
+    rows, left = check_in_workers(cases, None, 1, 3, 4, launch=launch, say=lines.append)
+    assert left == []
+    assert sorted(r.op for r in rows) == sorted(c.op for c in cases)
+    assert {(e["GEMS_SELFTEST_WORKERS"], e["GEMS_COMPILE_THREADS"]) for e in seen} == {("0", "4")}
+    assert len(lines) == 3 and all(" done (" in line for line in lines)
+    counted = [re.search(r"\((\d+) ops, (\d+) rows, 0 failed, (\d+) kernels", line)
+               for line in lines]
+    assert all(m is not None for m in counted)
+    ops = [int(m.group(1)) for m in counted if m is not None]
+    assert sum(ops) == 9
+    assert all(int(m.group(3)) == 2 * int(m.group(1)) for m in counted if m is not None)
+
+
+def test_one_worker_gets_the_cases_heaviest_first() -> None:
+    """With one worker the answers come in the order the cases were handed out: by
+    falling weight, ties in case order."""
+    cases = [c for c in CASES if weight(c) > 3][:3] + [c for c in CASES if weight(c) == 1][:3]
+    assert len({weight(c) for c in cases}) > 1
+
+    def launch(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", _fake_worker(None)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+
+    rows, left = check_in_workers(cases[::-1], None, 1, 1, 1, launch=launch, say=lambda _: None)
+    assert left == []
+    expected = sorted(cases[::-1], key=lambda c: -weight(c))
+    assert [r.op for r in rows] == [c.op for c in expected]
+    assert weight(expected[0]) > weight(expected[-1])
+
+
+def test_a_crashed_worker_costs_only_the_case_it_held() -> None:
+    """A worker that dies on a case is reported with its last stderr line; that case
+    comes back to the caller and the other worker checks every other case."""
+    cases = list(CASES[:6])
+    victim = sorted(cases, key=weight, reverse=True)[1]  # the second handed out
+    started = [0]
+
+    def launch(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
+        started[0] += 1
+        crash = victim.op if started[0] == 2 else None
+        return subprocess.Popen([sys.executable, "-c", _fake_worker(crash)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+
+    lines: list[str] = []
+    rows, left = check_in_workers(cases, None, 1, 2, 1, launch=launch, say=lines.append)
+    assert [c.op for c in left] == [victim.op]
+    assert sorted(r.op for r in rows) == sorted(c.op for c in cases if c is not victim)
+    assert any("worker 2 of 2 ended" in line and "boom: device fault" in line
+               and f"its case {victim.op} is checked here" in line for line in lines)
+    assert any("worker 1 of 2 done (5 ops" in line for line in lines)
+
+
+def test_cases_no_worker_is_left_to_take_come_back() -> None:
+    """When every worker dies, the case each held and the cases never handed out all
+    come back to the caller."""
+    cases = list(CASES[:5])
+
+    def launch(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
+        code = "import sys; sys.stdin.readline(); sys.exit(3)"
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err)
+
+    lines: list[str] = []
+    rows, left = check_in_workers(cases, None, 1, 2, 1, launch=launch, say=lines.append)
+    assert rows == [] and sorted(c.op for c in left) == sorted(c.op for c in cases)
+    assert sum("ended (rc 3" in line for line in lines) == 2
 
 
 def test_compile_only_checks_nothing_and_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
@@ -141,7 +215,7 @@ def test_sharded_run_prints_the_rows_one_process_would(
     monkeypatch.setenv("GEMS_SELFTEST_WORKERS", "2")
     assert main(args) == 0
     sharded = capsys.readouterr().out
-    assert "in 2 worker processes" in sharded and "worker 2 of 2 done" in sharded
+    assert "in 2 worker processes" in sharded and "worker 2 of 2 done (1 ops" in sharded
 
     def table(out: str) -> list[str]:
         lines = out.splitlines()

@@ -19,7 +19,7 @@ from gemsops import registry
 from gemsops.selftest.cases import CASES
 from gemsops.selftest.records import DEFAULT_EXAMPLES, OUTCOMES, Case, Row
 from gemsops.selftest.runner import prepare, run
-from gemsops.selftest.workers import WORKERS_ENV, check_in_workers, plan
+from gemsops.selftest.workers import WORKERS_ENV, check_in_workers, plan, serve
 
 __all__ = [
     "add_parser",
@@ -82,6 +82,8 @@ def add_parser(sub: Any) -> None:
         help="launch the tuning tables' configs, as GEMS_AUTOTUNE=0 does (a kernel "
         "compiles once per config its rows name)",
     )
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    # --serve: a worker of a sharded run, checking the case named on each stdin line
     p.add_argument(
         "--compile-only",
         action="store_true",
@@ -145,6 +147,8 @@ def main(args: argparse.Namespace) -> int:
     elif AUTOTUNE_ENV not in os.environ:
         # Every bucket the first config: the fewest compiles (workers inherit it).
         os.environ[AUTOTUNE_ENV] = "first"
+    if getattr(args, "serve", False):
+        return serve(cases, dtypes, args.examples)
     dev = gemshal.current_device()
     print(f"gemsops selftest on {dev.vendor.display_name} ({dev.name}), {args.examples} examples")
     for overload, where in registry.overrides().items():
@@ -160,8 +164,10 @@ def main(args: argparse.Namespace) -> int:
     if dev.interpreter and WORKERS_ENV not in os.environ:
         workers = 0  # nothing compiles on the interpreter; set it to shard anyway
     if workers > 1 and len(cases) > 1:
-        print(f"checking {len(cases)} ops in {workers} worker processes side by side "
-              f"({per} compile threads each); a line as each ends...", flush=True)
+        print(f"checking {len(cases)} ops in {min(workers, len(cases))} worker processes "
+              f"side by side ({per} compile threads each), the costliest first, each "
+              "taking the next op as it finishes one; a line as each worker ends...",
+              flush=True)
         rows, left = check_in_workers(cases, dtypes, args.examples, workers, per,
                                       say=lambda line: print(line, flush=True))
         if left:

@@ -1,43 +1,64 @@
-"""Checking the self-test's cases in worker processes, side by side.
+"""Checking the self-test's cases in worker processes, side by side, from one queue.
 
 Most of a Triton compile, and much of a check (drawing inputs, the float64 reference),
 runs under the interpreter lock, so one process barely overlaps its compile threads:
 on an H100 (16 cores) compiling first in four worker processes and then checking in
-one took over 130 s from empty caches. Each worker now runs the whole check of its
-share of the cases, ``gemsops selftest --ops ... --json FILE`` with
-``GEMS_SELFTEST_WORKERS=0`` (its own compile-first pass on ``GEMS_COMPILE_THREADS``
-threads, then the checks), and the calling process gathers the rows. A worker that
-ends without writing its rows (a crash, a device fault) costs nothing but time: the
-calling process checks its cases itself.
+one took over 130 s from empty caches. So each worker process checks whole cases.
+
+The cases are not dealt out in fixed shares: an op's cost is the kernels it compiles
+(from 1 to about 100), and on an H100 twelve round-robin shares of 16-17 ops ended
+between 67 s and over 150 s. Each worker runs ``gemsops selftest --serve`` (with
+``GEMS_SELFTEST_WORKERS=0``): it reads one case name a line on stdin, compiles that
+case's kernels first on its ``GEMS_COMPILE_THREADS`` threads, checks it, and writes
+its rows as one marked JSON line on stdout. The calling process hands the next case,
+costliest first by :func:`weight`, to whichever worker answers, so every worker stays
+busy until the queue is empty. A worker that ends without answering (a crash, a device
+fault) costs only the case it held: the calling process checks that case itself.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import selectors
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from typing import IO
+from collections.abc import Callable, Iterable, Sequence
+from typing import IO, Any, TextIO
 
+import attrs
 import torch
 
 from gemsops.selftest.records import Case, Row
 
-__all__ = ["MAX_WORKERS", "WORKERS_ENV", "check_in_workers", "compiled", "plan", "read_rows",
-           "shares", "worker_command"]
+__all__ = [
+    "MARK",
+    "MAX_WORKERS",
+    "WORKERS_ENV",
+    "check_in_workers",
+    "plan",
+    "read_rows",
+    "serve",
+    "serve_command",
+    "weight",
+]
 
 WORKERS_ENV = "GEMS_SELFTEST_WORKERS"
 """How many worker processes ``gemsops selftest`` checks in (0: none)."""
 
 MAX_WORKERS = 16
 """The most workers the default starts: past it, process start-up (importing torch,
-a device context each) outweighs what one more share saves."""
+a device context each) outweighs what one more worker saves."""
+
+MARK = "gemsops-selftest-rows "
+"""The prefix of a worker's answer line on stdout (anything else it prints is ignored)."""
 
 Launch = Callable[[list[str], dict[str, str], IO[bytes]], "subprocess.Popen[bytes]"]
-"""Start a worker: its command, its environment, the file its stderr goes to."""
+"""Start a worker: its command, its environment, the file its stderr goes to. The
+process must have pipes for stdin and stdout."""
 
 
 def plan(cpus: int | None = None, env: dict[str, str] | None = None) -> tuple[int, int]:
@@ -64,49 +85,66 @@ def plan(cpus: int | None = None, env: dict[str, str] | None = None) -> tuple[in
     return workers, max(1, cpus // max(1, workers))
 
 
-def shares(cases: Sequence[Case], workers: int) -> list[list[Case]]:
-    """The cases dealt round-robin to ``workers`` shares (every case in exactly one,
-    sizes within one of each other); empty shares are dropped."""
-    out: list[list[Case]] = [[] for _ in range(max(1, workers))]
-    for i, case in enumerate(cases):
-        out[i % len(out)].append(case)
-    return [s for s in out if s]
+def weight(case: Case) -> int:
+    """A case's expected cost, to hand out the costliest first: its dtypes times the
+    gemsops ops it reaches (each a kernel family compiled per dtype)."""
+    return len(case.dtypes) * max(1, len(case.aten))
 
 
-def worker_command(share: Sequence[Case], dtypes: Sequence[torch.dtype] | None,
-                   examples: int, json_path: str) -> list[str]:
-    """The command line a worker runs: the whole check of its share, rows to ``json_path``."""
-    cmd = [sys.executable, "-m", "gemsops", "selftest", "--examples", str(examples),
-           "--ops", ",".join(c.op for c in share), "--json", json_path]
+def serve_command(dtypes: Sequence[torch.dtype] | None, examples: int) -> list[str]:
+    """The command line a worker runs: ``gemsops selftest --serve`` with the run's
+    dtypes and examples; the cases come on its stdin."""
+    cmd = [sys.executable, "-m", "gemsops", "selftest", "--serve", "--examples", str(examples)]
     if dtypes is not None:
         cmd += ["--dtypes", ",".join(str(d).removeprefix("torch.") for d in dtypes)]
     return cmd
 
 
+def serve(cases: Sequence[Case], dtypes: Sequence[torch.dtype] | None, examples: int, *,
+          lines: Iterable[str] = sys.stdin, out: TextIO = sys.stdout) -> int:
+    """A worker's loop: for each case name read from ``lines``, compile its kernels
+    first, check it, and write ``MARK`` and a JSON object (``op``, ``rows``,
+    ``compiled``: kernels its compile-first pass started, ``compile_s``) as one line to
+    ``out``. A name no case has is answered with no rows and an ``error``. 0 at the end
+    of ``lines``."""
+    from gemsops.selftest.runner import prepare, run
+
+    by_name = {c.op: c for c in cases}
+    for line in lines:
+        op = line.strip()
+        if not op:
+            continue
+        case = by_name.get(op)
+        answer: dict[str, Any] = {"op": op, "rows": [], "compiled": 0, "compile_s": 0.0}
+        if case is None:
+            answer["error"] = f"no self-test case is named {op!r}"
+        else:
+            start = time.perf_counter()
+            answer["compiled"] = prepare([case], dtypes, examples=examples)
+            answer["compile_s"] = round(time.perf_counter() - start, 3)
+            answer["rows"] = [attrs.asdict(r) for r in run([case], dtypes, examples=examples)]
+        out.write(MARK + json.dumps(answer) + "\n")
+        out.flush()
+    return 0
+
+
+def _rows(data: Any) -> list[Row]:
+    return [Row(**{**r, "served": tuple(r.get("served", ()))}) for r in data["rows"]]
+
+
 def read_rows(path: str) -> list[Row] | None:
-    """The rows a worker wrote to ``path`` (``gemsops selftest --json``), or None when
-    the file is missing or is not such a file."""
+    """The rows a ``gemsops selftest --json`` file at ``path`` holds, or None when the
+    file is missing or is not such a file."""
     try:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        return [Row(**{**r, "served": tuple(r.get("served", ()))}) for r in data["rows"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def compiled(path: str) -> tuple[int, float] | None:
-    """``(kernels compiled, seconds its compile-first pass took)`` as a worker's rows
-    file at ``path`` reports them, or None when it does not."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        return int(data["compiled"]), float(data["compile_s"])
+            return _rows(json.load(fh))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _popen(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=err)
 
 
 def _last_line(err: IO[bytes]) -> str:
@@ -114,6 +152,66 @@ def _last_line(err: IO[bytes]) -> str:
     err.seek(0)
     lines = err.read().decode(errors="replace").strip().splitlines()
     return lines[-1][:200] if lines else "no error output"
+
+
+@attrs.define
+class _Worker:
+    number: int
+    proc: subprocess.Popen[bytes]
+    err: IO[bytes]
+    holding: Case | None = None
+    pending: bytes = b""
+    """What was read from its stdout past the last whole line."""
+    ops: int = 0
+    rows: int = 0
+    failed: int = 0
+    compiled: int = 0
+    compile_s: float = 0.0
+
+    def read(self) -> list[str] | None:
+        """The whole lines its stdout has now (one read, so a line the pipe holds is
+        never left in a buffer the selector cannot see); None at its end."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        chunk = os.read(stdout.fileno(), 1 << 16)
+        if not chunk:
+            return None
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        return [line.decode(errors="replace") for line in lines]
+
+    def send(self, case: Case | None) -> bool:
+        """Hand the worker ``case`` (None: no more, close its stdin); False when its
+        pipe is gone."""
+        stdin = self.proc.stdin
+        assert stdin is not None
+        self.holding = case
+        try:
+            if case is None:
+                stdin.close()
+            else:
+                stdin.write((case.op + "\n").encode())
+                stdin.flush()
+        except (BrokenPipeError, ValueError):
+            return False
+        return True
+
+
+def _take(worker: _Worker, answer: dict[str, Any], rows: list[Row], left: list[Case],
+          queue: collections.deque[Case]) -> None:
+    """Count a worker's answer and hand it the next case (None: close its stdin)."""
+    got = _rows(answer)
+    rows.extend(got)
+    worker.ops += 1
+    worker.rows += len(got)
+    worker.failed += sum(r.outcome == "failed" for r in got)
+    worker.compiled += int(answer.get("compiled", 0))
+    worker.compile_s += float(answer.get("compile_s", 0.0))
+    if "error" in answer and worker.holding is not None:
+        left.append(worker.holding)
+    nxt = queue.popleft() if queue else None
+    if not worker.send(nxt) and nxt is not None:
+        queue.appendleft(nxt)
+        worker.holding = None
 
 
 def check_in_workers(
@@ -125,50 +223,55 @@ def check_in_workers(
     *,
     launch: Launch = _popen,
     say: Callable[[str], None] = print,
-    poll_s: float = 0.2,
 ) -> tuple[list[Row], list[Case]]:
-    """Check ``cases`` in up to ``workers`` processes side by side and wait for them all:
-    ``(rows, cases no worker checked)``.
+    """Check ``cases`` in up to ``workers`` processes side by side, costliest case
+    first, each worker taking the next case as it answers: ``(rows, cases no worker
+    checked)``.
 
-    A worker that exits 0 (all passed) or 1 (some failed) having written its rows
-    counts; any other end, or rows missing, leaves its cases to the caller. ``say``
-    gets a line as each worker ends, in the order they end."""
-    groups = shares(cases, workers)
+    ``say`` gets a line as each worker ends, in the order they end: the cases it
+    checked, their rows and failures, the kernels it compiled. A worker that ends
+    while it holds a case leaves that case to the caller; when no worker is left, so
+    are the cases not handed out."""
+    queue = collections.deque(sorted(cases, key=weight, reverse=True))
+    count = min(workers, len(cases))
     env = {**os.environ, WORKERS_ENV: "0", "GEMS_COMPILE_THREADS": str(threads)}
     start = time.perf_counter()
     rows: list[Row] = []
     left: list[Case] = []
+    selector = selectors.DefaultSelector()
     with tempfile.TemporaryDirectory(prefix="gemsops-selftest-") as tmp:
-        running = []
-        for i, group in enumerate(groups):
-            path = os.path.join(tmp, f"rows-{i}.json")
+        for i in range(count):
             err = open(os.path.join(tmp, f"stderr-{i}.txt"), "w+b")  # noqa: SIM115
-            running.append((i, group, path, err,
-                            launch(worker_command(group, dtypes, examples, path), env, err)))
-        while running:
-            still = []
-            for i, group, path, err, proc in running:
-                code = proc.poll()
-                if code is None:
-                    still.append((i, group, path, err, proc))
+            worker = _Worker(i + 1, launch(serve_command(dtypes, examples), env, err), err)
+            assert worker.proc.stdout is not None
+            selector.register(worker.proc.stdout, selectors.EVENT_READ, worker)
+            if not worker.send(queue.popleft() if queue else None) and worker.holding:
+                queue.appendleft(worker.holding)
+                worker.holding = None
+        while selector.get_map():
+            for key, _ in selector.select():
+                worker = key.data
+                lines = worker.read()
+                if lines is not None:
+                    for text in lines:
+                        if text.startswith(MARK):  # else something the worker printed
+                            _take(worker, json.loads(text[len(MARK):]), rows, left, queue)
                     continue
+                selector.unregister(key.fileobj)
+                code = worker.proc.wait()
                 took = time.perf_counter() - start
-                got = read_rows(path) if code in (0, 1) else None
-                if got is not None:
-                    rows.extend(got)
-                    failed = sum(r.outcome == "failed" for r in got)
-                    built = compiled(path)
-                    kernels = (f", {built[0]} kernels compiled in {built[1]:.1f} s"
-                               if built is not None else "")
-                    say(f"  worker {i + 1} of {len(groups)} done ({len(group)} ops, "
-                        f"{len(got)} rows, {failed} failed{kernels}, {took:.1f} s)")
+                done = (f"{worker.ops} ops, {worker.rows} rows, {worker.failed} failed, "
+                        f"{worker.compiled} kernels compiled in {worker.compile_s:.1f} s")
+                if worker.holding is None and code == 0:
+                    say(f"  worker {worker.number} of {count} done ({done}, {took:.1f} s)")
                 else:
-                    left.extend(group)
-                    say(f"  worker {i + 1} of {len(groups)} ended without its rows (rc {code}, "
-                        f"{took:.1f} s): {_last_line(err)}; its {len(group)} ops are checked "
-                        "here")
-                err.close()
-            running = still
-            if running:
-                time.sleep(poll_s)
+                    held = worker.holding
+                    if held is not None:
+                        left.append(held)
+                    say(f"  worker {worker.number} of {count} ended (rc {code}, {took:.1f} s) "
+                        f"after {done}: {_last_line(worker.err)}"
+                        + (f"; its case {held.op} is checked here" if held is not None else ""))
+                worker.err.close()
+        left.extend(queue)  # no worker was left to take them
+    selector.close()
     return rows, left
