@@ -460,9 +460,9 @@ def test_foreach_neg_flips_the_sign_bit() -> None:
 def test_the_foreach_kernels_take_one_step_per_program_unless_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On a device the foreach kernels' tile is their step (one step per program) while
-    the fused kernels walk 8192-element tiles; set_layout sets both; an unknown kind is
-    refused naming the valid ones."""
+    """On a device the foreach kernels take one 2048-element step per program while the
+    fused kernels walk 4096-element steps over 16384-element tiles; set_layout sets
+    both; an unknown kind is refused naming the valid ones."""
     import gemshal
 
     class _Device:
@@ -471,7 +471,7 @@ def test_the_foreach_kernels_take_one_step_per_program_unless_set(
     tables.reset_layout()
     monkeypatch.setattr(gemshal, "current_device", lambda: _Device())
     try:
-        assert tables.layout("fused") == (2048, 8192)
+        assert tables.layout("fused") == (4096, 16384)
         assert tables.layout("foreach") == (2048, 2048)
         tables.set_layout(4, 16)
         assert tables.layout("foreach") == tables.layout("fused") == (4, 16)

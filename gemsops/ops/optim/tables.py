@@ -48,24 +48,29 @@ def layout(kind: str = "fused") -> tuple[int, int]:
     The host lays the tables out in tiles, so both are fixed here and not tuning-file
     values: a benchmarked config of another width would not match the table (the tuning
     entries hold launch keywords only). On a device the fused steps (``kind`` "fused")
-    walk ``TILE // BLOCK`` steps of 2048 elements (16 per thread at the tuning file's 4
-    warps, two 16-byte loads per half-precision list), so their fixed work (the binary
-    search of the table, its pointers, Adam's bias corrections) is paid once per 8192
-    elements (on the H200: fused AdamW 3.70 ms, against 4.67 ms with one step per
-    program in an earlier session's call). The foreach kernels (``kind`` "foreach": a
-    search and a load or two per program) keep one 2048-element step per program, the
-    layout they ran faster in (7.51 ms for the foreach AdamW in that earlier call,
-    8.03 ms with 8192-element tiles; torch's 6.76 and 6.74 ms beside them). On the interpreter one
+    walk ``TILE // BLOCK`` steps of 4096 elements over 16384-element tiles, so their
+    fixed work (the binary search of the table, its pointers, Adam's bias corrections)
+    is paid once per 16384 elements. On an H100 (``.ci/optim_ab.py``, AdamW over the
+    508M Llama's 75 bf16 tensors, torch's fused step beside it in the same process) that
+    layout took 3.25 and 3.34 ms in two calls, against 3.53 and 3.63 ms with 2048-element
+    steps over 8192-element tiles (torch 3.37 and 3.40; docs/gpu/s16/h100-a-optim.txt).
+    The foreach kernels (``kind`` "foreach": a search and a load or two per program)
+    keep one 2048-element step per program, the layout they ran fastest in (7.53 ms on
+    that H100 against 7.61 at 4096x16384; torch's foreach 8.88). On the interpreter one
     step per program is fastest. :func:`set_layout` applies to both kinds.
     """
     if kind not in ("fused", "foreach"):
         raise ValueError(f"layout kind {kind!r}: 'fused' or 'foreach'")
     if not _LAYOUT:
-        _LAYOUT.append((1024, 1024) if gemshal.current_device().interpreter else (2048, 8192))
+        _LAYOUT.append((1024, 1024) if gemshal.current_device().interpreter else (4096, 16384))
     block, tile = _LAYOUT[0]
     if kind == "foreach" and not _SET:
-        return block, block
+        return (block, block) if block == tile else (FOREACH_BLOCK, FOREACH_BLOCK)
     return block, tile
+
+
+FOREACH_BLOCK = 2048
+"""The foreach kernels' step (and tile) on a device, unless :func:`set_layout` chose."""
 
 
 def set_layout(block: int, tile: int) -> None:
