@@ -62,15 +62,10 @@ def layout(kind: str = "fused") -> tuple[int, int]:
     if kind not in ("fused", "foreach"):
         raise ValueError(f"layout kind {kind!r}: 'fused' or 'foreach'")
     if not _LAYOUT:
-        _LAYOUT.append((1024, 1024) if gemshal.current_device().interpreter else (4096, 16384))
-    block, tile = _LAYOUT[0]
-    if kind == "foreach" and not _SET:
-        return (block, block) if block == tile else (FOREACH_BLOCK, FOREACH_BLOCK)
-    return block, tile
-
-
-FOREACH_BLOCK = 2048
-"""The foreach kernels' step (and tile) on a device, unless :func:`set_layout` chose."""
+        on_cpu = gemshal.current_device().interpreter
+        _LAYOUT.append({"fused": (1024, 1024) if on_cpu else (4096, 16384),
+                        "foreach": (1024, 1024) if on_cpu else (2048, 2048)})
+    return _LAYOUT[0][kind]
 
 
 def set_layout(block: int, tile: int) -> None:
@@ -79,18 +74,15 @@ def set_layout(block: int, tile: int) -> None:
     powers of two."""
     if block <= 0 or block & (block - 1) or tile % block or tile & (tile - 1):
         raise ValueError(f"layout ({block}, {tile}): powers of two, tile a multiple of block")
-    _LAYOUT[:] = [(block, tile)]
-    _SET[:] = [True]
+    _LAYOUT[:] = [{"fused": (block, tile), "foreach": (block, tile)}]
 
 
 def reset_layout() -> None:
     """Back to the device's default :func:`layout` (chosen on the next call)."""
     _LAYOUT.clear()
-    _SET.clear()
 
 
-_LAYOUT: list[tuple[int, int]] = []
-_SET: list[bool] = []  # set_layout chose _LAYOUT (both kinds use it)
+_LAYOUT: list[dict[str, tuple[int, int]]] = []  # per kind; set_layout sets both
 
 
 class Group:
