@@ -20,6 +20,7 @@ from gemsops.selftest.cases import CASES
 from gemsops.selftest.records import Row
 from gemsops.selftest.workers import (
     MARK,
+    OpTiming,
     check_in_workers,
     plan,
     read_rows,
@@ -108,7 +109,8 @@ def _fake_worker(crash_on: str | None) -> str:
         "        print('boom: device fault', file=sys.stderr); sys.exit(-6)\n"
         "    row = dict(op=op, dtype='float32', outcome='passed', examples=1, detail='',\n"
         "               example='', served=[op])\n"
-        f"    print({MARK!r} + json.dumps(dict(op=op, rows=[row], compiled=2, compile_s=0.5)),\n"
+        f"    print({MARK!r} + json.dumps(dict(op=op, rows=[row], compiled=2, compile_s=0.5,\n"
+        "                                  check_s=1.25)),\n"
         "          flush=True)\n"
     )
 
@@ -127,8 +129,13 @@ def test_workers_take_cases_from_one_queue_costliest_first() -> None:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
 
     lines: list[str] = []
-    rows, left = check_in_workers(cases, None, 1, 3, 4, launch=launch, say=lines.append)
+    timings: list[OpTiming] = []
+    rows, left = check_in_workers(cases, None, 1, 3, 4, launch=launch, say=lines.append,
+                                  timings=timings)
     assert left == []
+    assert sorted(t.op for t in timings) == sorted(c.op for c in cases)
+    assert {t.worker for t in timings} <= {1, 2, 3}
+    assert {(t.compiled, t.compile_s, t.check_s) for t in timings} == {(2, 0.5, 1.25)}
     assert sorted(r.op for r in rows) == sorted(c.op for c in cases)
     assert {(e["GEMS_SELFTEST_WORKERS"], e["GEMS_COMPILE_THREADS"]) for e in seen} == {("0", "4")}
     assert len(lines) == 3 and all(" done (" in line for line in lines)
@@ -213,9 +220,20 @@ def test_sharded_run_prints_the_rows_one_process_would(
     assert main(args) == 0
     alone = capsys.readouterr().out
     monkeypatch.setenv("GEMS_SELFTEST_WORKERS", "2")
-    assert main(args) == 0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rows.json")
+        assert main([*args, "--json", path]) == 0
+        with open(path, encoding="utf-8") as fh:
+            saved = json.load(fh)
     sharded = capsys.readouterr().out
     assert "in 2 worker processes" in sharded and "worker 2 of 2 done (1 ops" in sharded
+    # Each op's time, slowest first, with the worker that checked it.
+    times = saved["ops"]
+    assert sorted(t["op"] for t in times) == sorted(c.op for c in CASES[:2])
+    assert {t["worker"] for t in times} == {1, 2}
+    assert all(t["check_s"] > 0 for t in times)
+    assert times[0]["check_s"] >= times[1]["check_s"]
+    assert saved["compiled"] == sum(t["compiled"] for t in times)
 
     def table(out: str) -> list[str]:
         lines = out.splitlines()

@@ -19,7 +19,13 @@ from gemsops import registry
 from gemsops.selftest.cases import CASES
 from gemsops.selftest.records import DEFAULT_EXAMPLES, OUTCOMES, Case, Row
 from gemsops.selftest.runner import prepare, run
-from gemsops.selftest.workers import WORKERS_ENV, check_in_workers, plan, serve
+from gemsops.selftest.workers import (
+    WORKERS_ENV,
+    OpTiming,
+    check_in_workers,
+    plan,
+    serve,
+)
 
 __all__ = [
     "add_parser",
@@ -156,6 +162,7 @@ def main(args: argparse.Namespace) -> int:
     width = max([_OP_WIDTH, *(len(case.op) for case in cases)])
     start = time.perf_counter()
     started, compile_s = 0, 0.0
+    timings: list[OpTiming] = []
     if getattr(args, "compile_only", False):
         started = prepare(cases, dtypes, examples=args.examples)
         print(f"{started} kernels compiled in {time.perf_counter() - start:.1f} s", flush=True)
@@ -169,7 +176,10 @@ def main(args: argparse.Namespace) -> int:
               "taking the next op as it finishes one; a line as each worker ends...",
               flush=True)
         rows, left = check_in_workers(cases, dtypes, args.examples, workers, per,
-                                      say=lambda line: print(line, flush=True))
+                                      say=lambda line: print(line, flush=True),
+                                      timings=timings)
+        started = sum(t.compiled for t in timings)
+        compile_s = sum(t.compile_s for t in timings)
         if left:
             print(f"checking the {len(left)} ops of the workers that ended early here...",
                   flush=True)
@@ -199,6 +209,7 @@ def main(args: argparse.Namespace) -> int:
             "compiled": started,
             "compile_s": round(compile_s, 2),
             "rows": [attrs.asdict(row) for row in rows],
+            "ops": [attrs.asdict(t) for t in sorted(timings, key=lambda t: -t.check_s)],
             "summary": counts,
         }
         with open(args.json, "w", encoding="utf-8") as fh:

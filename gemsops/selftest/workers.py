@@ -38,6 +38,7 @@ __all__ = [
     "MARK",
     "MAX_WORKERS",
     "WORKERS_ENV",
+    "OpTiming",
     "check_in_workers",
     "plan",
     "read_rows",
@@ -104,9 +105,9 @@ def serve(cases: Sequence[Case], dtypes: Sequence[torch.dtype] | None, examples:
           lines: Iterable[str] = sys.stdin, out: TextIO = sys.stdout) -> int:
     """A worker's loop: for each case name read from ``lines``, compile its kernels
     first, check it, and write ``MARK`` and a JSON object (``op``, ``rows``,
-    ``compiled``: kernels its compile-first pass started, ``compile_s``) as one line to
-    ``out``. A name no case has is answered with no rows and an ``error``. 0 at the end
-    of ``lines``."""
+    ``compiled``: kernels its compile-first pass started, ``compile_s``; ``check_s``: the
+    whole case's seconds) as one line to ``out``. A name no case has is answered with no
+    rows and an ``error``. 0 at the end of ``lines``."""
     from gemsops.selftest.runner import prepare, run
 
     by_name = {c.op: c for c in cases}
@@ -115,7 +116,8 @@ def serve(cases: Sequence[Case], dtypes: Sequence[torch.dtype] | None, examples:
         if not op:
             continue
         case = by_name.get(op)
-        answer: dict[str, Any] = {"op": op, "rows": [], "compiled": 0, "compile_s": 0.0}
+        answer: dict[str, Any] = {"op": op, "rows": [], "compiled": 0, "compile_s": 0.0,
+                                  "check_s": 0.0}
         if case is None:
             answer["error"] = f"no self-test case is named {op!r}"
         else:
@@ -123,6 +125,7 @@ def serve(cases: Sequence[Case], dtypes: Sequence[torch.dtype] | None, examples:
             answer["compiled"] = prepare([case], dtypes, examples=examples)
             answer["compile_s"] = round(time.perf_counter() - start, 3)
             answer["rows"] = [attrs.asdict(r) for r in run([case], dtypes, examples=examples)]
+            answer["check_s"] = round(time.perf_counter() - start, 3)
         out.write(MARK + json.dumps(answer) + "\n")
         out.flush()
     return 0
@@ -140,6 +143,26 @@ def read_rows(path: str) -> list[Row] | None:
             return _rows(json.load(fh))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+@attrs.frozen
+class OpTiming:
+    """Where one case's time went in a sharded run (``--json``'s ``ops``).
+
+    Attributes:
+        op: The case.
+        worker: The worker (1-based) that checked it.
+        compiled: Kernels its compile-first pass started.
+        compile_s: Seconds of that pass.
+        check_s: Seconds of the whole case: the pass, then every dtype's check (kernels
+            launched only after an op's own earlier kernels compile here).
+    """
+
+    op: str
+    worker: int
+    compiled: int
+    compile_s: float
+    check_s: float
 
 
 def _popen(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -197,9 +220,14 @@ class _Worker:
 
 
 def _take(worker: _Worker, answer: dict[str, Any], rows: list[Row], left: list[Case],
-          queue: collections.deque[Case]) -> None:
+          queue: collections.deque[Case], timings: list[OpTiming] | None) -> None:
     """Count a worker's answer and hand it the next case (None: close its stdin)."""
     got = _rows(answer)
+    if timings is not None:
+        timings.append(OpTiming(str(answer["op"]), worker.number,
+                                int(answer.get("compiled", 0)),
+                                float(answer.get("compile_s", 0.0)),
+                                float(answer.get("check_s", 0.0))))
     rows.extend(got)
     worker.ops += 1
     worker.rows += len(got)
@@ -223,13 +251,15 @@ def check_in_workers(
     *,
     launch: Launch = _popen,
     say: Callable[[str], None] = print,
+    timings: list[OpTiming] | None = None,
 ) -> tuple[list[Row], list[Case]]:
     """Check ``cases`` in up to ``workers`` processes side by side, costliest case
     first, each worker taking the next case as it answers: ``(rows, cases no worker
     checked)``.
 
     ``say`` gets a line as each worker ends, in the order they end: the cases it
-    checked, their rows and failures, the kernels it compiled. A worker that ends
+    checked, their rows and failures, the kernels it compiled. ``timings``, when
+    given, gets an :class:`OpTiming` per case answered. A worker that ends
     while it holds a case leaves that case to the caller; when no worker is left, so
     are the cases not handed out."""
     queue = collections.deque(sorted(cases, key=weight, reverse=True))
@@ -255,7 +285,8 @@ def check_in_workers(
                 if lines is not None:
                     for text in lines:
                         if text.startswith(MARK):  # else something the worker printed
-                            _take(worker, json.loads(text[len(MARK):]), rows, left, queue)
+                            _take(worker, json.loads(text[len(MARK):]), rows, left, queue,
+                                  timings)
                     continue
                 selector.unregister(key.fileobj)
                 code = worker.proc.wait()
