@@ -3,6 +3,7 @@ how their rows come back, and what a failing worker does."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -136,6 +137,10 @@ def test_workers_take_cases_from_one_queue_costliest_first() -> None:
     assert sorted(t.op for t in timings) == sorted(c.op for c in cases)
     assert {t.worker for t in timings} <= {1, 2, 3}
     assert {(t.compiled, t.compile_s, t.check_s) for t in timings} == {(2, 0.5, 1.25)}
+    assert all(0 <= t.sent_s <= t.done_s for t in timings)
+    for w in {t.worker for t in timings}:  # a worker's cases follow one another
+        mine = [t for t in timings if t.worker == w]
+        assert all(a.done_s <= b.sent_s for a, b in itertools.pairwise(mine))
     assert sorted(r.op for r in rows) == sorted(c.op for c in cases)
     assert {(e["GEMS_SELFTEST_WORKERS"], e["GEMS_COMPILE_THREADS"]) for e in seen} == {("0", "4")}
     assert len(lines) == 3 and all(" done (" in line for line in lines)

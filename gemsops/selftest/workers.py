@@ -156,6 +156,9 @@ class OpTiming:
         compile_s: Seconds of that pass.
         check_s: Seconds of the whole case: the pass, then every dtype's check (kernels
             launched only after an op's own earlier kernels compile here).
+        sent_s: When the case was handed out, in seconds from the run's start.
+        done_s: When its answer came back (for a worker's first case, ``done_s -
+            sent_s - check_s`` is about its start-up: importing torch, a device context).
     """
 
     op: str
@@ -163,6 +166,8 @@ class OpTiming:
     compiled: int
     compile_s: float
     check_s: float
+    sent_s: float = 0.0
+    done_s: float = 0.0
 
 
 def _popen(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -183,6 +188,8 @@ class _Worker:
     proc: subprocess.Popen[bytes]
     err: IO[bytes]
     holding: Case | None = None
+    sent: float = 0.0
+    """When it was handed the case it holds (``time.perf_counter()``)."""
     pending: bytes = b""
     """What was read from its stdout past the last whole line."""
     ops: int = 0
@@ -208,6 +215,7 @@ class _Worker:
         stdin = self.proc.stdin
         assert stdin is not None
         self.holding = case
+        self.sent = time.perf_counter()
         try:
             if case is None:
                 stdin.close()
@@ -220,14 +228,17 @@ class _Worker:
 
 
 def _take(worker: _Worker, answer: dict[str, Any], rows: list[Row], left: list[Case],
-          queue: collections.deque[Case], timings: list[OpTiming] | None) -> None:
+          queue: collections.deque[Case], timings: list[OpTiming] | None,
+          start: float) -> None:
     """Count a worker's answer and hand it the next case (None: close its stdin)."""
     got = _rows(answer)
     if timings is not None:
+        now = time.perf_counter()
         timings.append(OpTiming(str(answer["op"]), worker.number,
                                 int(answer.get("compiled", 0)),
                                 float(answer.get("compile_s", 0.0)),
-                                float(answer.get("check_s", 0.0))))
+                                float(answer.get("check_s", 0.0)),
+                                round(worker.sent - start, 3), round(now - start, 3)))
     rows.extend(got)
     worker.ops += 1
     worker.rows += len(got)
@@ -286,7 +297,7 @@ def check_in_workers(
                     for text in lines:
                         if text.startswith(MARK):  # else something the worker printed
                             _take(worker, json.loads(text[len(MARK):]), rows, left, queue,
-                                  timings)
+                                  timings, start)
                     continue
                 selector.unregister(key.fileobj)
                 code = worker.proc.wait()
