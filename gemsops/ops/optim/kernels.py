@@ -73,6 +73,12 @@ PER_TENSOR = 2  # S[1 + t]
 TENSOR = 3  # X[0] * S[0] (a 0-dim device tensor times alpha)
 
 
+_COUNTS = ["T", "STEPS"]
+"""The group's tensor count and search depth are never specialized on: they steer only
+:func:`_locate`'s search, once per program, and specialized (1, divisible by 16, else)
+they would compile a kernel anew for each group size a run meets."""
+
+
 @triton.jit
 def _locate(Table, T, STEPS):
     """(tensor, block within it) of this program: the last start <= the program id."""
@@ -200,7 +206,7 @@ def _foreach_step(ap, bp, cp, op, offs, mask, s, OP: tl.constexpr, NIN: tl.const
 
 
 @kernel("foreach", key=[])
-@triton.jit
+@triton.jit(do_not_specialize=_COUNTS)
 def foreach_kernel(
     Table,  # the group's table (module docstring)
     S,  # scalars in ACC: uniform first, then one per tensor
@@ -297,7 +303,7 @@ def _adam_step(pp, gp, mp, vp, xp, offs, mask, lr, wd, beta1, beta2, eps, bc2_sq
 
 
 @kernel("fused_adam", key=[])
-@triton.jit
+@triton.jit(do_not_specialize=_COUNTS)
 def adam_kernel(
     Table,  # lists: param, grad, exp_avg, exp_avg_sq, [max_exp_avg_sq,] step
     S,  # WIDE: lr, beta1, beta2, weight_decay, eps
@@ -387,7 +393,7 @@ def _sgd_step(pp, gp, bp, offs, mask, lr, wd, momentum, dampening, scale,
 
 
 @kernel("fused_sgd", key=[])
-@triton.jit
+@triton.jit(do_not_specialize=_COUNTS)
 def sgd_kernel(
     Table,  # lists: param, grad, [momentum_buffer]
     S,  # ACC: lr, weight_decay, momentum, dampening
