@@ -12,7 +12,6 @@ import sys
 import tempfile
 from typing import IO
 
-import attrs
 import pytest
 import torch
 
@@ -24,7 +23,6 @@ from gemsops.selftest.workers import (
     OpTiming,
     check_in_workers,
     plan,
-    read_rows,
     serve,
     serve_command,
     weight,
@@ -80,22 +78,6 @@ def test_serve_answers_each_named_case_with_its_rows_in_one_marked_line() -> Non
         got = [Row(**{**r, "served": tuple(r["served"])}) for r in answer["rows"]]
         assert [(r.op, r.dtype, r.outcome) for r in got] == \
             [(r.op, r.dtype, r.outcome) for r in expected[answer["op"]]]
-
-
-def test_rows_survive_the_json_a_worker_writes() -> None:
-    """read_rows gives back the rows `--json` wrote (served ops as a tuple); a missing
-    or foreign file gives None."""
-    rows = [Row("abs", "float32", "passed", 3, served=("abs",)),
-            Row("sin", "bfloat16", "failed", 2, "off by 1", "x=[1.0]")]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "rows.json")
-        with open(path, "w") as fh:
-            json.dump({"rows": [attrs.asdict(r) for r in rows]}, fh)
-        assert read_rows(path) == rows
-        with open(path, "w") as fh:
-            fh.write('{"summary": {}}')
-        assert read_rows(path) is None
-        assert read_rows(os.path.join(tmp, "missing.json")) is None
 
 
 def _fake_worker(crash_on: str | None) -> str:

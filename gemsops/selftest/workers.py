@@ -41,7 +41,6 @@ __all__ = [
     "OpTiming",
     "check_in_workers",
     "plan",
-    "read_rows",
     "serve",
     "serve_command",
     "weight",
@@ -133,16 +132,6 @@ def serve(cases: Sequence[Case], dtypes: Sequence[torch.dtype] | None, examples:
 
 def _rows(data: Any) -> list[Row]:
     return [Row(**{**r, "served": tuple(r.get("served", ()))}) for r in data["rows"]]
-
-
-def read_rows(path: str) -> list[Row] | None:
-    """The rows a ``gemsops selftest --json`` file at ``path`` holds, or None when the
-    file is missing or is not such a file."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return _rows(json.load(fh))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 @attrs.frozen
