@@ -125,6 +125,7 @@ def test_workers_take_cases_from_one_queue_costliest_first() -> None:
         assert all(a.done_s <= b.sent_s for a, b in itertools.pairwise(mine))
     assert sorted(r.op for r in rows) == sorted(c.op for c in cases)
     assert {(e["GEMS_SELFTEST_WORKERS"], e["GEMS_COMPILE_THREADS"]) for e in seen} == {("0", "4")}
+    assert {e["GEMS_NATIVE"] for e in seen} == {"0"}  # no native build in every worker
     assert len(lines) == 3 and all(" done (" in line for line in lines)
     counted = [re.search(r"\((\d+) ops, (\d+) rows, 0 failed, (\d+) kernels", line)
                for line in lines]
@@ -132,6 +133,33 @@ def test_workers_take_cases_from_one_queue_costliest_first() -> None:
     ops = [int(m.group(1)) for m in counted if m is not None]
     assert sum(ops) == 9
     assert all(int(m.group(3)) == 2 * int(m.group(1)) for m in counted if m is not None)
+
+
+def test_workers_keep_a_native_setting_the_user_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GEMS_NATIVE set by the user reaches the workers as it is (only unset becomes 0)."""
+    monkeypatch.setenv("GEMS_NATIVE", "1")
+    seen: list[dict[str, str]] = []
+
+    def launch(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
+        seen.append(env)
+        return subprocess.Popen([sys.executable, "-c", _fake_worker(None)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+
+    rows, left = check_in_workers(list(CASES[:2]), None, 1, 2, 1, launch=launch,
+                                  say=lambda _: None)
+    assert len(rows) == 2 and left == []
+    assert {e["GEMS_NATIVE"] for e in seen} == {"1"}
+
+
+def test_matmul_convolution_and_attention_cases_weigh_more() -> None:
+    """A case reaching a tile-matmul kernel (mm, convolution, attention) outweighs a
+    pointwise case of as many dtypes and ops, so it is handed out earlier."""
+    by = {c.op: c for c in CASES}
+    for heavy in ("mm", "bmm", "addmm", "convolution", "convolution_backward"):
+        assert len(by[heavy].dtypes) == len(by["add"].dtypes)
+        assert weight(by[heavy]) > weight(by["add"]), heavy
+    assert weight(by["attention_backward"]) > weight(by["mm"])
+    assert weight(by["add"]) == len(by["add"].dtypes)  # one op, no factor
 
 
 def test_one_worker_gets_the_cases_heaviest_first() -> None:

@@ -32,9 +32,12 @@ from typing import IO, Any, TextIO
 import attrs
 import torch
 
+from gemsops.native import ENV as NATIVE_ENV
 from gemsops.selftest.records import Case, Row
 
 __all__ = [
+    "HEAVY",
+    "HEAVY_FACTOR",
     "MARK",
     "MAX_WORKERS",
     "WORKERS_ENV",
@@ -85,10 +88,21 @@ def plan(cpus: int | None = None, env: dict[str, str] | None = None) -> tuple[in
     return workers, max(1, cpus // max(1, workers))
 
 
+HEAVY = ("mm", "convolution", "attention")
+"""Op names holding these reach the tile-matmul kernels, whose compiles are the longest:
+on an H100 (docs/gpu/s17) mm, bmm, addmm and convolution took 21-33 s a case and the
+attention cases 33-61 s, where a pointwise case takes 1-5 s."""
+
+HEAVY_FACTOR = 4
+"""How much more a case reaching :data:`HEAVY` kernels weighs."""
+
+
 def weight(case: Case) -> int:
     """A case's expected cost, to hand out the costliest first: its dtypes times the
-    gemsops ops it reaches (each a kernel family compiled per dtype)."""
-    return len(case.dtypes) * max(1, len(case.aten))
+    gemsops ops it reaches (each a kernel family compiled per dtype), times
+    :data:`HEAVY_FACTOR` when one of them is a matmul, convolution or attention."""
+    heavy = any(part in name for name in case.aten for part in HEAVY)
+    return len(case.dtypes) * max(1, len(case.aten)) * (HEAVY_FACTOR if heavy else 1)
 
 
 def serve_command(dtypes: Sequence[torch.dtype] | None, examples: int) -> list[str]:
@@ -265,6 +279,11 @@ def check_in_workers(
     queue = collections.deque(sorted(cases, key=weight, reverse=True))
     count = min(workers, len(cases))
     env = {**os.environ, WORKERS_ENV: "0", "GEMS_COMPILE_THREADS": str(threads)}
+    # The native replay serves repeated calls of a structure already seen, which the
+    # draws rarely make; and from an empty cache every worker would build its library at
+    # once, a C++ compile each beside the Triton compiles. Workers keep to the Python path
+    # unless GEMS_NATIVE is set.
+    env.setdefault(NATIVE_ENV, "0")
     start = time.perf_counter()
     rows: list[Row] = []
     left: list[Case] = []
