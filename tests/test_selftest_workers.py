@@ -17,7 +17,7 @@ import torch
 
 from gemsops.cli import main
 from gemsops.selftest.cases import CASES
-from gemsops.selftest.records import Row
+from gemsops.selftest.records import Case, Row
 from gemsops.selftest.workers import (
     MARK,
     OpTiming,
@@ -81,28 +81,34 @@ def test_serve_answers_each_named_case_with_its_rows_in_one_marked_line() -> Non
 
 
 def _fake_worker(crash_on: str | None) -> str:
-    """A stand-in for `gemsops selftest --serve`: answers each case name with one passed
-    row (two kernels compiled), printing other lines too; exits -6 on ``crash_on``."""
+    """A stand-in for `gemsops selftest --serve`: answers each "case dtype" line with one
+    passed row (two kernels compiled), printing other lines too; exits -6 on the case
+    ``crash_on``."""
     return (
         "import json, sys\n"
         "print('noise before the first answer', flush=True)\n"
         "for line in sys.stdin:\n"
-        "    op = line.strip()\n"
+        "    op, _, dt = line.strip().partition(' ')\n"
         f"    if op == {crash_on!r}:\n"
         "        print('boom: device fault', file=sys.stderr); sys.exit(-6)\n"
-        "    row = dict(op=op, dtype='float32', outcome='passed', examples=1, detail='',\n"
+        "    row = dict(op=op, dtype=dt, outcome='passed', examples=1, detail='',\n"
         "               example='', served=[op])\n"
-        f"    print({MARK!r} + json.dumps(dict(op=op, rows=[row], compiled=2, compile_s=0.5,\n"
-        "                                  check_s=1.25)),\n"
+        f"    print({MARK!r} + json.dumps(dict(op=op, dtype=dt, rows=[row], compiled=2,\n"
+        "                                  compile_s=0.5, check_s=1.25)),\n"
         "          flush=True)\n"
     )
 
 
+def _checks(cases: list[Case]) -> list[tuple[str, str]]:
+    """The (case, dtype) pairs a sharded run hands out for ``cases``, sorted."""
+    return sorted((c.op, str(d)[6:]) for c in cases for d in c.dtypes)
+
+
 def test_workers_take_cases_from_one_queue_costliest_first() -> None:
-    """Every case is checked exactly once, by whichever worker answers first; the cases
-    go out in order of falling weight; workers run with GEMS_SELFTEST_WORKERS=0 (no
-    nesting) and GEMS_COMPILE_THREADS set; each worker's end line counts its cases,
-    rows and kernels."""
+    """Every case is checked exactly once in each of its dtypes, by whichever worker
+    answers first; workers run with GEMS_SELFTEST_WORKERS=0 (no nesting) and
+    GEMS_COMPILE_THREADS set; each worker's end line counts its checks, rows and
+    kernels."""
     cases = list(CASES[:9])
     seen: list[dict[str, str]] = []
 
@@ -116,23 +122,40 @@ def test_workers_take_cases_from_one_queue_costliest_first() -> None:
     rows, left = check_in_workers(cases, None, 1, 3, 4, launch=launch, say=lines.append,
                                   timings=timings)
     assert left == []
-    assert sorted(t.op for t in timings) == sorted(c.op for c in cases)
+    assert sorted((t.op, t.dtype) for t in timings) == _checks(cases)
     assert {t.worker for t in timings} <= {1, 2, 3}
     assert {(t.compiled, t.compile_s, t.check_s) for t in timings} == {(2, 0.5, 1.25)}
     assert all(0 <= t.sent_s <= t.done_s for t in timings)
     for w in {t.worker for t in timings}:  # a worker's cases follow one another
         mine = [t for t in timings if t.worker == w]
         assert all(a.done_s <= b.sent_s for a, b in itertools.pairwise(mine))
-    assert sorted(r.op for r in rows) == sorted(c.op for c in cases)
+    assert sorted((r.op, r.dtype) for r in rows) == _checks(cases)
     assert {(e["GEMS_SELFTEST_WORKERS"], e["GEMS_COMPILE_THREADS"]) for e in seen} == {("0", "4")}
     assert {e["GEMS_NATIVE"] for e in seen} == {"0"}  # no native build in every worker
     assert len(lines) == 3 and all(" done (" in line for line in lines)
-    counted = [re.search(r"\((\d+) ops, (\d+) rows, 0 failed, (\d+) kernels", line)
+    counted = [re.search(r"\((\d+) checks, (\d+) rows, 0 failed, (\d+) kernels", line)
                for line in lines]
     assert all(m is not None for m in counted)
-    ops = [int(m.group(1)) for m in counted if m is not None]
-    assert sum(ops) == 9
+    checks = [int(m.group(1)) for m in counted if m is not None]
+    assert sum(checks) == len(_checks(cases))
     assert all(int(m.group(3)) == 2 * int(m.group(1)) for m in counted if m is not None)
+
+
+def test_the_dtypes_of_one_case_go_to_several_workers() -> None:
+    """A case's dtypes are separate checks: with as many workers as dtypes and one case,
+    each worker checks one dtype of it."""
+    case = next(c for c in CASES if c.op == "attention_backward")
+    assert len(case.dtypes) == 3
+
+    def launch(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", _fake_worker(None)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+
+    timings: list[OpTiming] = []
+    rows, left = check_in_workers([case], None, 1, 3, 1, launch=launch, say=lambda _: None,
+                                  timings=timings)
+    assert left == [] and sorted((r.op, r.dtype) for r in rows) == _checks([case])
+    assert sorted(t.worker for t in timings) == [1, 2, 3]
 
 
 def test_workers_keep_a_native_setting_the_user_made(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,7 +170,7 @@ def test_workers_keep_a_native_setting_the_user_made(monkeypatch: pytest.MonkeyP
 
     rows, left = check_in_workers(list(CASES[:2]), None, 1, 2, 1, launch=launch,
                                   say=lambda _: None)
-    assert len(rows) == 2 and left == []
+    assert len(rows) == len(_checks(list(CASES[:2]))) and left == []
     assert {e["GEMS_NATIVE"] for e in seen} == {"1"}
 
 
@@ -163,8 +186,8 @@ def test_matmul_convolution_and_attention_cases_weigh_more() -> None:
 
 
 def test_one_worker_gets_the_cases_heaviest_first() -> None:
-    """With one worker the answers come in the order the cases were handed out: by
-    falling weight, ties in case order."""
+    """With one worker the answers come in the order the checks were handed out: the
+    cases by falling weight, ties in case order, each case's dtypes together."""
     cases = [c for c in CASES if weight(c) > 3][:3] + [c for c in CASES if weight(c) == 1][:3]
     assert len({weight(c) for c in cases}) > 1
 
@@ -175,15 +198,17 @@ def test_one_worker_gets_the_cases_heaviest_first() -> None:
     rows, left = check_in_workers(cases[::-1], None, 1, 1, 1, launch=launch, say=lambda _: None)
     assert left == []
     expected = sorted(cases[::-1], key=lambda c: -weight(c))
-    assert [r.op for r in rows] == [c.op for c in expected]
+    assert [r.op for r in rows] == [c.op for c in expected for _ in c.dtypes]
     assert weight(expected[0]) > weight(expected[-1])
 
 
 def test_a_crashed_worker_costs_only_the_case_it_held() -> None:
-    """A worker that dies on a case is reported with its last stderr line; that case
-    comes back to the caller and the other worker checks every other case."""
+    """A worker that dies on a check is reported with its last stderr line; that check
+    (one case in one dtype) comes back to the caller and the other worker makes every
+    other check, the case's other dtypes included."""
     cases = list(CASES[:6])
-    victim = sorted(cases, key=weight, reverse=True)[1]  # the second handed out
+    victim = sorted(cases, key=weight, reverse=True)[0]  # its 2nd dtype goes to worker 2
+    lost = (victim.op, str(victim.dtypes[1])[6:])
     started = [0]
 
     def launch(cmd: list[str], env: dict[str, str], err: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -194,15 +219,16 @@ def test_a_crashed_worker_costs_only_the_case_it_held() -> None:
 
     lines: list[str] = []
     rows, left = check_in_workers(cases, None, 1, 2, 1, launch=launch, say=lines.append)
-    assert [c.op for c in left] == [victim.op]
-    assert sorted(r.op for r in rows) == sorted(c.op for c in cases if c is not victim)
+    assert [(c.op, str(c.dtypes[0])[6:]) for c in left] == [lost]
+    assert sorted((r.op, r.dtype) for r in rows) == [p for p in _checks(cases) if p != lost]
     assert any("worker 2 of 2 ended" in line and "boom: device fault" in line
-               and f"its case {victim.op} is checked here" in line for line in lines)
-    assert any("worker 1 of 2 done (5 ops" in line for line in lines)
+               and f"its check {lost[0]} {lost[1]} is made here" in line for line in lines)
+    assert any(f"worker 1 of 2 done ({len(_checks(cases)) - 1} checks" in line
+               for line in lines)
 
 
 def test_cases_no_worker_is_left_to_take_come_back() -> None:
-    """When every worker dies, the case each held and the cases never handed out all
+    """When every worker dies, the check each held and the checks never handed out all
     come back to the caller."""
     cases = list(CASES[:5])
 
@@ -213,7 +239,8 @@ def test_cases_no_worker_is_left_to_take_come_back() -> None:
 
     lines: list[str] = []
     rows, left = check_in_workers(cases, None, 1, 2, 1, launch=launch, say=lines.append)
-    assert rows == [] and sorted(c.op for c in left) == sorted(c.op for c in cases)
+    assert rows == [] and all(len(c.dtypes) == 1 for c in left)
+    assert sorted((c.op, str(c.dtypes[0])[6:]) for c in left) == _checks(cases)
     assert sum("ended (rc 3" in line for line in lines) == 2
 
 
@@ -241,7 +268,7 @@ def test_sharded_run_prints_the_rows_one_process_would(
         with open(path, encoding="utf-8") as fh:
             saved = json.load(fh)
     sharded = capsys.readouterr().out
-    assert "in 2 worker processes" in sharded and "worker 2 of 2 done (1 ops" in sharded
+    assert "in 2 worker processes" in sharded and "worker 2 of 2 done (1 checks" in sharded
     # Each op's time, slowest first, with the worker that checked it.
     times = saved["ops"]
     assert sorted(t["op"] for t in times) == sorted(c.op for c in CASES[:2])

@@ -172,8 +172,9 @@ def main(args: argparse.Namespace) -> int:
         workers = 0  # nothing compiles on the interpreter; set it to shard anyway
     if workers > 1 and len(cases) > 1:
         print(f"checking {len(cases)} ops in {min(workers, len(cases))} worker processes "
-              f"side by side ({per} compile threads each), the costliest first, each "
-              "taking the next op as it finishes one; a line as each worker ends...",
+              f"side by side ({per} compile threads each), an op in one dtype at a time, "
+              "the costliest first, each worker taking the next as it finishes one; a "
+              "line as each worker ends...",
               flush=True)
         rows, left = check_in_workers(cases, dtypes, args.examples, workers, per,
                                       say=lambda line: print(line, flush=True),

@@ -3,17 +3,20 @@
 Most of a Triton compile, and much of a check (drawing inputs, the float64 reference),
 runs under the interpreter lock, so one process barely overlaps its compile threads:
 on an H100 (16 cores) compiling first in four worker processes and then checking in
-one took over 130 s from empty caches. So each worker process checks whole cases.
+one took over 130 s from empty caches. So each worker process checks whole cases, one
+dtype at a time.
 
 The cases are not dealt out in fixed shares: an op's cost is the kernels it compiles
 (from 1 to about 100), and on an H100 twelve round-robin shares of 16-17 ops ended
 between 67 s and over 150 s. Each worker runs ``gemsops selftest --serve`` (with
-``GEMS_SELFTEST_WORKERS=0``): it reads one case name a line on stdin, compiles that
-case's kernels first on its ``GEMS_COMPILE_THREADS`` threads, checks it, and writes
-its rows as one marked JSON line on stdout. The calling process hands the next case,
-costliest first by :func:`weight`, to whichever worker answers, so every worker stays
-busy until the queue is empty. A worker that ends without answering (a crash, a device
-fault) costs only the case it held: the calling process checks that case itself.
+``GEMS_SELFTEST_WORKERS=0``): it reads a case name and a dtype a line on stdin,
+compiles that check's kernels first on its ``GEMS_COMPILE_THREADS`` threads, checks
+it, and writes its rows as one marked JSON line on stdout. The calling process hands
+the next (case, dtype), costliest case first by :func:`weight`, to whichever worker
+answers, so every worker stays busy until the queue is empty, and the dtypes of one
+long case (attention's backward took 61 s on one H100 worker) run side by side. A
+worker that ends without answering (a crash, a device fault) costs only the check it
+held: the calling process makes that check itself.
 """
 
 from __future__ import annotations
@@ -116,28 +119,35 @@ def serve_command(dtypes: Sequence[torch.dtype] | None, examples: int) -> list[s
 
 def serve(cases: Sequence[Case], dtypes: Sequence[torch.dtype] | None, examples: int, *,
           lines: Iterable[str] = sys.stdin, out: TextIO = sys.stdout) -> int:
-    """A worker's loop: for each case name read from ``lines``, compile its kernels
-    first, check it, and write ``MARK`` and a JSON object (``op``, ``rows``,
-    ``compiled``: kernels its compile-first pass started, ``compile_s``; ``check_s``: the
-    whole case's seconds) as one line to ``out``. A name no case has is answered with no
-    rows and an ``error``. 0 at the end of ``lines``."""
+    """A worker's loop: for each case name read from ``lines`` (optionally followed by
+    one of its dtypes, to check that dtype only), compile its kernels first, check it,
+    and write ``MARK`` and a JSON object (``op``, ``dtype``, ``rows``, ``compiled``:
+    kernels its compile-first pass started, ``compile_s``; ``check_s``: the whole
+    check's seconds) as one line to ``out``. A name no case has (or a dtype the case
+    lacks) is answered with no rows and an ``error``. 0 at the end of ``lines``."""
     from gemsops.selftest.runner import prepare, run
 
     by_name = {c.op: c for c in cases}
     for line in lines:
-        op = line.strip()
+        op, _, dtype_name = line.strip().partition(" ")
         if not op:
             continue
         case = by_name.get(op)
-        answer: dict[str, Any] = {"op": op, "rows": [], "compiled": 0, "compile_s": 0.0,
-                                  "check_s": 0.0}
+        chosen = dtypes
+        if case is not None and dtype_name:
+            named = [d for d in case.dtypes if str(d).removeprefix("torch.") == dtype_name]
+            if not named:
+                case = None
+            chosen = named
+        answer: dict[str, Any] = {"op": op, "dtype": dtype_name, "rows": [], "compiled": 0,
+                                  "compile_s": 0.0, "check_s": 0.0}
         if case is None:
-            answer["error"] = f"no self-test case is named {op!r}"
+            answer["error"] = f"no self-test case is named {line.strip()!r}"
         else:
             start = time.perf_counter()
-            answer["compiled"] = prepare([case], dtypes, examples=examples)
+            answer["compiled"] = prepare([case], chosen, examples=examples)
             answer["compile_s"] = round(time.perf_counter() - start, 3)
-            answer["rows"] = [attrs.asdict(r) for r in run([case], dtypes, examples=examples)]
+            answer["rows"] = [attrs.asdict(r) for r in run([case], chosen, examples=examples)]
             answer["check_s"] = round(time.perf_counter() - start, 3)
         out.write(MARK + json.dumps(answer) + "\n")
         out.flush()
@@ -154,6 +164,7 @@ class OpTiming:
 
     Attributes:
         op: The case.
+        dtype: The dtype checked (empty: every dtype of the case).
         worker: The worker (1-based) that checked it.
         compiled: Kernels its compile-first pass started.
         compile_s: Seconds of that pass.
@@ -165,6 +176,7 @@ class OpTiming:
     """
 
     op: str
+    dtype: str
     worker: int
     compiled: int
     compile_s: float
@@ -223,11 +235,18 @@ class _Worker:
             if case is None:
                 stdin.close()
             else:
-                stdin.write((case.op + "\n").encode())
+                stdin.write((_label(case) + "\n").encode())
                 stdin.flush()
         except (BrokenPipeError, ValueError):
             return False
         return True
+
+
+def _label(case: Case) -> str:
+    """A check's name: its case, and its dtype when it checks one."""
+    if len(case.dtypes) == 1:
+        return f"{case.op} {str(case.dtypes[0]).removeprefix('torch.')}"
+    return case.op
 
 
 def _take(worker: _Worker, answer: dict[str, Any], rows: list[Row], left: list[Case],
@@ -237,7 +256,7 @@ def _take(worker: _Worker, answer: dict[str, Any], rows: list[Row], left: list[C
     got = _rows(answer)
     if timings is not None:
         now = time.perf_counter()
-        timings.append(OpTiming(str(answer["op"]), worker.number,
+        timings.append(OpTiming(str(answer["op"]), str(answer.get("dtype", "")), worker.number,
                                 int(answer.get("compiled", 0)),
                                 float(answer.get("compile_s", 0.0)),
                                 float(answer.get("check_s", 0.0)),
@@ -276,8 +295,12 @@ def check_in_workers(
     given, gets an :class:`OpTiming` per case answered. A worker that ends
     while it holds a case leaves that case to the caller; when no worker is left, so
     are the cases not handed out."""
-    queue = collections.deque(sorted(cases, key=weight, reverse=True))
-    count = min(workers, len(cases))
+    # One unit per case and dtype: the dtypes of a long case (attention_backward, 61 s
+    # on an H100 as one) go to several workers. A stable sort keeps them together.
+    units = [attrs.evolve(case, dtypes=(d,)) for case in sorted(cases, key=weight, reverse=True)
+             for d in case.dtypes if dtypes is None or d in dtypes]
+    queue = collections.deque(units)
+    count = min(workers, len(units))
     env = {**os.environ, WORKERS_ENV: "0", "GEMS_COMPILE_THREADS": str(threads)}
     # The native replay serves repeated calls of a structure already seen, which the
     # draws rarely make; and from an empty cache every worker would build its library at
@@ -310,7 +333,7 @@ def check_in_workers(
                 selector.unregister(key.fileobj)
                 code = worker.proc.wait()
                 took = time.perf_counter() - start
-                done = (f"{worker.ops} ops, {worker.rows} rows, {worker.failed} failed, "
+                done = (f"{worker.ops} checks, {worker.rows} rows, {worker.failed} failed, "
                         f"{worker.compiled} kernels compiled in {worker.compile_s:.1f} s")
                 if worker.holding is None and code == 0:
                     say(f"  worker {worker.number} of {count} done ({done}, {took:.1f} s)")
@@ -320,7 +343,8 @@ def check_in_workers(
                         left.append(held)
                     say(f"  worker {worker.number} of {count} ended (rc {code}, {took:.1f} s) "
                         f"after {done}: {_last_line(worker.err)}"
-                        + (f"; its case {held.op} is checked here" if held is not None else ""))
+                        + (f"; its check {_label(held)} is made here" if held is not None
+                           else ""))
                 worker.err.close()
         left.extend(queue)  # no worker was left to take them
     selector.close()
