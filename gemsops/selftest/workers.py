@@ -160,7 +160,8 @@ def _rows(data: Any) -> list[Row]:
 
 @attrs.frozen
 class OpTiming:
-    """Where one case's time went in a sharded run (``--json``'s ``ops``).
+    """Where one check's time went in a sharded run (``--json``'s ``ops``): a case in
+    one dtype, or in all of them when a worker was handed the whole case.
 
     Attributes:
         op: The case.
@@ -168,10 +169,10 @@ class OpTiming:
         worker: The worker (1-based) that checked it.
         compiled: Kernels its compile-first pass started.
         compile_s: Seconds of that pass.
-        check_s: Seconds of the whole case: the pass, then every dtype's check (kernels
+        check_s: Seconds of the whole check: the pass, then the check itself (kernels
             launched only after an op's own earlier kernels compile here).
-        sent_s: When the case was handed out, in seconds from the run's start.
-        done_s: When its answer came back (for a worker's first case, ``done_s -
+        sent_s: When the check was handed out, in seconds from the run's start.
+        done_s: When its answer came back (for a worker's first check, ``done_s -
             sent_s - check_s`` is about its start-up: importing torch, a device context).
     """
 
@@ -204,7 +205,7 @@ class _Worker:
     err: IO[bytes]
     holding: Case | None = None
     sent: float = 0.0
-    """When it was handed the case it holds (``time.perf_counter()``)."""
+    """When it was handed the check it holds (``time.perf_counter()``)."""
     pending: bytes = b""
     """What was read from its stdout past the last whole line."""
     ops: int = 0
@@ -252,7 +253,7 @@ def _label(case: Case) -> str:
 def _take(worker: _Worker, answer: dict[str, Any], rows: list[Row], left: list[Case],
           queue: collections.deque[Case], timings: list[OpTiming] | None,
           start: float) -> None:
-    """Count a worker's answer and hand it the next case (None: close its stdin)."""
+    """Count a worker's answer and hand it the next check (None: close its stdin)."""
     got = _rows(answer)
     if timings is not None:
         now = time.perf_counter()
@@ -286,15 +287,16 @@ def check_in_workers(
     say: Callable[[str], None] = print,
     timings: list[OpTiming] | None = None,
 ) -> tuple[list[Row], list[Case]]:
-    """Check ``cases`` in up to ``workers`` processes side by side, costliest case
-    first, each worker taking the next case as it answers: ``(rows, cases no worker
-    checked)``.
+    """Check ``cases`` in each of their dtypes (those in ``dtypes`` when given) in up to
+    ``workers`` processes side by side, one case in one dtype at a time, costliest case
+    first, each worker taking the next check as it answers: ``(rows, checks no worker
+    made)``, each check a case narrowed to its one dtype.
 
-    ``say`` gets a line as each worker ends, in the order they end: the cases it
-    checked, their rows and failures, the kernels it compiled. ``timings``, when
-    given, gets an :class:`OpTiming` per case answered. A worker that ends
-    while it holds a case leaves that case to the caller; when no worker is left, so
-    are the cases not handed out."""
+    ``say`` gets a line as each worker ends, in the order they end: the checks it made,
+    their rows and failures, the kernels it compiled. ``timings``, when given, gets an
+    :class:`OpTiming` per check answered. A worker that ends while it holds a check
+    leaves that check to the caller; when no worker is left, so are the checks not
+    handed out."""
     # One unit per case and dtype: the dtypes of a long case (attention_backward, 61 s
     # on an H100 as one) go to several workers. A stable sort keeps them together.
     units = [attrs.evolve(case, dtypes=(d,)) for case in sorted(cases, key=weight, reverse=True)
