@@ -170,8 +170,10 @@ def main(args: argparse.Namespace) -> int:
     workers, per = plan()
     if dev.interpreter and WORKERS_ENV not in os.environ:
         workers = 0  # nothing compiles on the interpreter; set it to shard anyway
-    if workers > 1 and len(cases) > 1:
-        print(f"checking {len(cases)} ops in {min(workers, len(cases))} worker processes "
+    checks = sum(dtypes is None or d in dtypes for case in cases for d in case.dtypes)
+    if workers > 1 and checks > 1:
+        print(f"checking {len(cases)} ops ({checks} op-dtype checks) in "
+              f"{min(workers, checks)} worker processes "
               f"side by side ({per} compile threads each), an op in one dtype at a time, "
               "the costliest first, each worker taking the next as it finishes one; a "
               "line as each worker ends...",
