@@ -284,3 +284,17 @@ def test_sharded_run_prints_the_rows_one_process_would(
 
     assert table(sharded) == table(alone)
     assert table(alone)[1].startswith(CASES[0].op) and table(alone)[2].startswith(CASES[1].op)
+
+
+def test_one_op_shards_over_its_dtypes(capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """One op in three dtypes is three checks: with three workers, each makes one, and
+    the rows come back in the op's dtype order."""
+    monkeypatch.setenv("GEMS_SELFTEST_WORKERS", "3")
+    case = next(c for c in CASES if c.op == "neg")
+    assert main(["selftest", "--ops", "neg", "--examples", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"({len(case.dtypes)} op-dtype checks) in 3 worker processes" in out
+    assert sum(" done (1 checks, 1 rows" in line for line in out.splitlines()) == 3
+    rows = [line.split()[:3] for line in out.splitlines() if line.startswith("neg ")]
+    assert rows == [["neg", str(d)[6:], "passed"] for d in case.dtypes]
