@@ -23,6 +23,7 @@ from gemsops.selftest.workers import (
     WORKERS_ENV,
     OpTiming,
     check_in_workers,
+    checks,
     plan,
     serve,
 )
@@ -170,10 +171,10 @@ def main(args: argparse.Namespace) -> int:
     workers, per = plan()
     if dev.interpreter and WORKERS_ENV not in os.environ:
         workers = 0  # nothing compiles on the interpreter; set it to shard anyway
-    checks = sum(dtypes is None or d in dtypes for case in cases for d in case.dtypes)
-    if workers > 1 and checks > 1:
-        print(f"checking {len(cases)} ops ({checks} op-dtype checks) in "
-              f"{min(workers, checks)} worker processes "
+    units = len(checks(cases, dtypes))
+    if workers > 1 and units > 1:
+        print(f"checking {len(cases)} ops ({units} op-dtype checks) in "
+              f"{min(workers, units)} worker processes "
               f"side by side ({per} compile threads each), an op in one dtype at a time, "
               "the costliest first, each worker taking the next as it finishes one; a "
               "line as each worker ends...",
@@ -184,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
         started = sum(t.compiled for t in timings)
         compile_s = sum(t.compile_s for t in timings)
         if left:
-            print(f"checking the {len(left)} ops of the workers that ended early here...",
+            print(f"making the {len(left)} checks of the workers that ended early here...",
                   flush=True)
             prepare(left, dtypes, examples=args.examples)
             rows += run(left, dtypes, examples=args.examples)

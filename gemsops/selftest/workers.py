@@ -46,6 +46,7 @@ __all__ = [
     "WORKERS_ENV",
     "OpTiming",
     "check_in_workers",
+    "checks",
     "plan",
     "serve",
     "serve_command",
@@ -106,6 +107,15 @@ def weight(case: Case) -> int:
     :data:`HEAVY_FACTOR` when one of them is a matmul, convolution or attention."""
     heavy = any(part in name for name in case.aten for part in HEAVY)
     return len(case.dtypes) * max(1, len(case.aten)) * (HEAVY_FACTOR if heavy else 1)
+
+
+def checks(cases: Sequence[Case], dtypes: Sequence[torch.dtype] | None) -> list[Case]:
+    """The checks a sharded run hands out, in order: each case narrowed to each of its
+    dtypes (those in ``dtypes`` when given), the costliest case first. One unit per
+    case and dtype, so the dtypes of a long case (attention_backward, 61 s on an H100
+    as one) go to several workers; the stable sort keeps them together."""
+    return [attrs.evolve(case, dtypes=(d,)) for case in sorted(cases, key=weight, reverse=True)
+            for d in case.dtypes if dtypes is None or d in dtypes]
 
 
 def serve_command(dtypes: Sequence[torch.dtype] | None, examples: int) -> list[str]:
@@ -208,7 +218,7 @@ class _Worker:
     """When it was handed the check it holds (``time.perf_counter()``)."""
     pending: bytes = b""
     """What was read from its stdout past the last whole line."""
-    ops: int = 0
+    checks: int = 0
     rows: int = 0
     failed: int = 0
     compiled: int = 0
@@ -263,7 +273,7 @@ def _take(worker: _Worker, answer: dict[str, Any], rows: list[Row], left: list[C
                                 float(answer.get("check_s", 0.0)),
                                 round(worker.sent - start, 3), round(now - start, 3)))
     rows.extend(got)
-    worker.ops += 1
+    worker.checks += 1
     worker.rows += len(got)
     worker.failed += sum(r.outcome == "failed" for r in got)
     worker.compiled += int(answer.get("compiled", 0))
@@ -297,10 +307,7 @@ def check_in_workers(
     :class:`OpTiming` per check answered. A worker that ends while it holds a check
     leaves that check to the caller; when no worker is left, so are the checks not
     handed out."""
-    # One unit per case and dtype: the dtypes of a long case (attention_backward, 61 s
-    # on an H100 as one) go to several workers. A stable sort keeps them together.
-    units = [attrs.evolve(case, dtypes=(d,)) for case in sorted(cases, key=weight, reverse=True)
-             for d in case.dtypes if dtypes is None or d in dtypes]
+    units = checks(cases, dtypes)
     queue = collections.deque(units)
     count = min(workers, len(units))
     env = {**os.environ, WORKERS_ENV: "0", "GEMS_COMPILE_THREADS": str(threads)}
@@ -335,7 +342,7 @@ def check_in_workers(
                 selector.unregister(key.fileobj)
                 code = worker.proc.wait()
                 took = time.perf_counter() - start
-                done = (f"{worker.ops} checks, {worker.rows} rows, {worker.failed} failed, "
+                done = (f"{worker.checks} checks, {worker.rows} rows, {worker.failed} failed, "
                         f"{worker.compiled} kernels compiled in {worker.compile_s:.1f} s")
                 if worker.holding is None and code == 0:
                     say(f"  worker {worker.number} of {count} done ({done}, {took:.1f} s)")
