@@ -30,12 +30,14 @@ from gemsops.selftest.workers import (
 
 
 def test_plan_reads_the_setting_and_splits_the_cpus() -> None:
-    """Unset: three quarters of the CPUs as workers (at most 16), the CPUs shared among
+    """Unset: a worker a CPU (at most 16), the CPUs shared among
     them as compile threads; none on a 2-core box; the setting wins; a bad value exits
     naming it."""
-    assert plan(16, {}) == (12, 1)
+    assert plan(16, {}) == (16, 1)
+    assert plan(12, {}) == (12, 1)
     assert plan(64, {}) == (16, 4)
-    assert plan(8, {}) == (6, 1)
+    assert plan(8, {}) == (8, 1)
+    assert plan(7, {})[0] == 0
     assert plan(2, {})[0] == 0
     assert plan(16, {"GEMS_SELFTEST_WORKERS": "2"}) == (2, 8)
     assert plan(16, {"GEMS_SELFTEST_WORKERS": "0"}) == (0, 16)

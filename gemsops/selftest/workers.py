@@ -70,9 +70,11 @@ process must have pipes for stdin and stdout."""
 
 def plan(cpus: int | None = None, env: dict[str, str] | None = None) -> tuple[int, int]:
     """``(workers, compile threads per worker)``: ``GEMS_SELFTEST_WORKERS`` when set,
-    else three quarters of the CPUs (at most :data:`MAX_WORKERS`; none below 8 CPUs),
-    leaving some for the device driver and the workers' own launches; the CPUs are
-    shared among the workers as compile threads.
+    else one a CPU (at most :data:`MAX_WORKERS`; none below 8 CPUs); the CPUs are
+    shared among the workers as compile threads. On a 16-CPU H100 machine, from empty
+    caches, 16 workers took 57.3 s where 12 took 74.4 s (one call, docs/gpu/s18): the
+    workers are compile-bound, so a CPU held back for the driver costs more than it
+    saves.
 
     Raises:
         SystemExit: a value that is not a non-negative integer, naming it.
@@ -88,7 +90,7 @@ def plan(cpus: int | None = None, env: dict[str, str] | None = None) -> tuple[in
             raise SystemExit(f"gemsops selftest: {WORKERS_ENV} must be a whole number of "
                              f"worker processes (0 for none), not {raw!r}")
     else:
-        workers = 0 if cpus < 8 else min(MAX_WORKERS, cpus * 3 // 4)
+        workers = 0 if cpus < 8 else min(MAX_WORKERS, cpus)
     return workers, max(1, cpus // max(1, workers))
 
 
