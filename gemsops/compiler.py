@@ -43,7 +43,8 @@ DEFAULT_KEEP: frozenset[str] = frozenset()
 """Overloads kept when ``options`` names none: the ones whose kernels measured faster than
 Inductor's own in a compiled model step. None yet: on the H200, keeping every keepable
 overload made 4-layer Llama, GPT-2, BERT and ViT steps 1.2-3.0x Inductor's, and on an
-H100 keeping the matmuls alone made them 1.00-2.48x with CUDA graphs (docs/compile.md)."""
+H100 keeping the matmuls alone made them 1.00-2.48x with ``mode="reduce-overhead"``
+(docs/compile.md)."""
 
 _LIB_NAME = "gemsops"
 _lock = threading.Lock()
