@@ -38,6 +38,10 @@ BIG, WIDE, DEPTH = (64, 64, 64) if TINY else (4096, 14336, 4096)
 
 
 REFINE = os.environ.get("SWEEP_SET") == "refine"  # the second pass: the first's leaders
+# The 768-wide models (GPT-2, BERT-base, ViT-B/16): their linears' three products (forward
+# with bias, input gradient, weight gradient) at 8192 and 6304 tokens, over the first
+# sweep's candidates and smaller tiles, no decode cases.
+MODELS = os.environ.get("SWEEP_SET") == "models"
 
 
 def refine_configs() -> list[dict[str, Any]]:
@@ -70,10 +74,30 @@ def refine_configs() -> list[dict[str, Any]]:
     return out
 
 
+def small_configs() -> list[dict[str, Any]]:
+    """Tiles for short K and narrow N (768): 64-row and 64-column tiles, two programs a
+    multiprocessor, thinner K slices."""
+    out = []
+    for (bm, bn, bk), st, w in [((64, 128, 64), 4, 4), ((64, 128, 64), 5, 4),
+                                ((64, 256, 64), 4, 4), ((64, 256, 64), 3, 8),
+                                ((128, 64, 64), 4, 4), ((128, 64, 64), 5, 4),
+                                ((256, 64, 64), 3, 8), ((128, 128, 32), 6, 4),
+                                ((128, 256, 32), 5, 8), ((256, 128, 32), 5, 8)]:
+        for epi in (False, True):
+            out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+                        "EPILOGUE_SPLIT": epi and bn >= 128, "FLATTEN": True,
+                        "num_stages": st, "num_warps": w})
+    for bm, bn, st in [(64, 128, 4), (128, 64, 4), (128, 128, 4), (64, 256, 3)]:
+        out.append({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8,
+                    "EPILOGUE_SPLIT": False, "FLATTEN": True, "OCCUPANCY": 2,
+                    "num_stages": st, "num_warps": 4})
+    return out
+
+
 def persistent_configs() -> list[dict[str, Any]]:
     if REFINE:
         return refine_configs()
-    out = []
+    out = small_configs() if MODELS else []
     shapes = [((128, 128, 64), (3, 4, 5), (4, 8)), ((128, 256, 64), (3, 4), (8,)),
               ((128, 128, 128), (2, 3), (4, 8)), ((256, 128, 64), (3, 4), (8,))]
     for (bm, bn, bk), stages, warps in shapes:
@@ -116,8 +140,30 @@ def large_cases() -> list[tuple[str, Any, Any]]:
             return a, b, None
         return make
 
+    def product(m: int, n: int, k: int, kind: str) -> Any:
+        def make() -> Any:
+            if kind == "fwd":  # x @ W^T + bias
+                return (torch.randn(m, k, device=DEV, dtype=BF16),
+                        torch.randn(n, k, device=DEV, dtype=BF16).t(),
+                        torch.randn(n, device=DEV, dtype=BF16))
+            if kind == "dgrad":  # grad_out @ W: [m, n] @ [n, k]
+                return (torch.randn(m, n, device=DEV, dtype=BF16),
+                        torch.randn(n, k, device=DEV, dtype=BF16), None)
+            # wgrad: grad_out^T @ x: [n, m] @ [m, k]
+            return (torch.randn(m, n, device=DEV, dtype=BF16).t(),
+                    torch.randn(m, k, device=DEV, dtype=BF16), None)
+        return make
+
     if TINY:
         return [("mm tiny", mm(64)), ("linear tiny +bias", linear(64))]
+    if MODELS:
+        out = []
+        for m in (8192, 6304):
+            for name, n, k in [("qkv", 2304, 768), ("out", 768, 768), ("up", 3072, 768),
+                               ("down", 768, 3072)]:
+                for kind in ("fwd", "dgrad", "wgrad"):
+                    out.append((f"{name} {kind} {m}x{n}x{k}", product(m, n, k, kind)))
+        return out
     if REFINE:
         return [("mm 4096^3", mm(4096)), ("mm 8192^3", mm(8192)),
                 ("linear 4096^3 +bias", linear(4096)), ("linear 8192^3 +bias", linear(8192)),
@@ -215,7 +261,7 @@ def run(timing: bool, share: tuple[int, int] | None) -> list[dict[str, Any]]:
                   f"candidates, {rec['torch_ms_after'] * 1e3:.1f} us after", flush=True)
             del a, b, bias
     mk, rk = MM._mm_kernel.fn, MM._splitk_reduce_kernel.fn
-    for label, make in [] if REFINE else decode_cases():
+    for label, make in [] if REFINE or MODELS else decode_cases():
         a, b, _ = make()
         M, K, N = a.shape[0], a.shape[1], b.shape[1]
         c = torch.empty(M, N, device=DEV, dtype=a.dtype)
