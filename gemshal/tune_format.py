@@ -415,7 +415,8 @@ class TableRow:
 
     Attributes:
         when: The kernel's key values at this bucket, as sorted ``(name, value)``
-            pairs: integers are bucket sizes (powers of two, the key value rounded up),
+            pairs: integers are bucket sizes (the key value rounded up to a half
+            octave, a power of two or three quarters of one: :func:`gemshal.kernel.plan.bucket`),
             other values (flags) as the kernel is called with them.
         dtype: The first tensor argument's dtype (``"bfloat16"``), or None for any.
         config: The config launched there.

@@ -4,6 +4,7 @@ benchmarking on request, and the rules contract."""
 from __future__ import annotations
 
 import functools
+import math
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 import torch
 import triton
 from fake_kernels import FakeJit
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies_tune import fresh_tune
 
@@ -283,15 +284,16 @@ def test_tables_launch_the_rows_config_and_benchmark_nothing(
     monkeypatch.setattr(triton, "autotune", None)  # building an autotuner would fail
     fake = FakeJit()
     k = declare("k", key=["n"])(fake)
-    for n in (1000, 9, 2000, 200, 64):
+    for n in (1000, 13, 2000, 200, 64, 9):
         k[(1,)](torch.empty(4), n)
     got = [(launch["BLOCK"], launch["num_warps"]) for launch in fake.launches]
-    # 1000 -> 1024 (row), 9 -> 16 (row), 2000 -> 2048 (nearest: 1024), 200 -> 256 (1024 is
-    # 2 octaves away, 16 is 4), 64 -> 64 (16 is 2 octaves away, 1024 is 4)
-    assert got == [(256, 8), (128, 4), (256, 8), (256, 8), (128, 4)]
+    # 1000 -> 1024 (row), 13 -> 16 (row), 2000 -> 2048 (nearest: 1024), 200 -> 256 (1024 is
+    # 2 octaves away, 16 is 4), 64 -> 64 (16 is 2 octaves away, 1024 is 4), 9 -> 12 (the
+    # half octave below 16: nearest 16)
+    assert got == [(256, 8), (128, 4), (256, 8), (256, 8), (128, 4), (128, 4)]
     hows = {(c["when"]["n"], c["how"]) for c in k.choices()}
     assert hows == {(1024, "table"), (16, "table"), (2048, "nearest"), (256, "nearest"),
-                    (64, "nearest")}
+                    (64, "nearest"), (12, "nearest")}
 
 
 def test_first_policy_launches_the_first_config_at_every_bucket_rows_or_not(
@@ -400,10 +402,44 @@ def test_nearest_row_is_exact_when_one_matches_and_else_closest(
         assert not exact and row is rows[min(usable)[1]]
 
 
-def test_bucket_rounds_positive_ints_up_to_a_power_of_two() -> None:
-    """bucket: 1 -> 1, 3 -> 4, 1024 -> 1024, 1025 -> 2048; 0, bools and others unchanged."""
-    assert [plan.bucket(v) for v in (1, 3, 1024, 1025)] == [1, 4, 1024, 2048]
+def test_bucket_rounds_positive_ints_up_to_a_half_octave() -> None:
+    """bucket: up to the next power of two or three quarters of one (1, 2, 3, 4, 6, 8,
+    12, ...: 768 -> 768, 769 -> 1024, 1025 -> 1536); 0, bools and others unchanged."""
+    got = [plan.bucket(v) for v in (1, 2, 3, 4, 5, 7, 9, 197, 768, 769, 1024, 1025, 6304)]
+    assert got == [1, 2, 3, 4, 6, 8, 12, 256, 768, 1024, 1024, 1536, 8192]
     assert plan.bucket(0) == 0 and plan.bucket(True) is True and plan.bucket("x") == "x"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 1 << 40))
+def test_a_half_octave_bucket_is_nearest_to_its_power_of_two_bucket(value: int) -> None:
+    """Property: a value's bucket is the smallest half octave >= it, and of the powers of
+    two around it, the one >= the value is strictly nearer on a log scale, so a table
+    keyed by powers of two serves it the row a power-of-two bucket named exactly."""
+    b = plan.bucket(value)
+    power = 1 << (value - 1).bit_length()
+    assert value <= b <= power
+    assert b == power or (4 * b == 3 * power and value > power // 2)
+    if b != power:
+        assert math.log2(power / b) < math.log2(b / (power // 2))
+
+
+def test_the_half_octave_below_a_power_of_two_launches_its_own_row(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Calls at 768 and at 1024 (one power-of-two bucket, two half-octave buckets) launch
+    their own rows, in either order and again from the launch memo: 700 shares 768's
+    row, 1000 shares 1024's."""
+    (gpu_dir / "nvidia.toml").write_text(
+        "[ops.k]\nconfigs = [{ BLOCK = 64 }, { BLOCK = 16 }]\ntable = [\n"
+        '    { n = 768, dtype = "float32", config = { BLOCK = 32 } },\n'
+        '    { n = 1024, dtype = "float32", config = { BLOCK = 128 } },\n]\n')
+    monkeypatch.setattr(triton, "autotune", None)
+    fake = FakeJit()
+    k = declare("k", key=["n"])(fake)
+    for n in (1024, 768, 1000, 700, 768, 1024, 769):
+        k[(1,)](torch.empty(4), n)
+    assert [launch["BLOCK"] for launch in fake.launches] == [128, 32, 128, 32, 32, 128, 128]
 
 
 def test_a_function_key_value_is_its_name() -> None:
@@ -442,8 +478,8 @@ def test_python_rules_may_read_only_key_arguments(gpu_dir: Path) -> None:
     fake = FakeJit()
     k2 = declare("k", key=["n"], rules={"BLOCK": lambda a: a["n"] * 2})(fake)
     k2[(1,)](torch.empty(4), 8)
-    k2[(1,)](torch.empty(4), 5)  # the same bucket as 8, another value
-    assert [launch["BLOCK"] for launch in fake.launches] == [16, 10]
+    k2[(1,)](torch.empty(4), 7)  # the same bucket as 8, another value
+    assert [launch["BLOCK"] for launch in fake.launches] == [16, 14]
 
 
 def test_policy_values_and_errors() -> None:

@@ -338,10 +338,14 @@ class Kernel:
         if state.generation != _tune._GENERATION:
             state = self._resolve()
         n = len(args)
+        # A positive int's half-octave bucket (plan.bucket) as a code, inline (no call):
+        # its bit length and its top two bits (10: at most 3/4 of the power of two).
         extra = (
             state,
             *[
-                (1 << (v - 1).bit_length()) if type(v) is int and v > 0 else v
+                (((v - 1) >> (b - 2) if b > 1 else v) | b << 2)
+                if type(v) is int and v > 0 and (b := (v - 1).bit_length()) >= 0
+                else v
                 for v in [args[i] for i in state.bucket_index if i < n]
             ],
             *[args[i] for i in state.raw_index if i < n],
@@ -372,10 +376,14 @@ class Kernel:
         if launcher is None or state.generation != _tune._GENERATION:
             return None
         n = len(args)
+        # A positive int's half-octave bucket (plan.bucket) as a code, inline (no call):
+        # its bit length and its top two bits (10: at most 3/4 of the power of two).
         extra = (
             state,
             *[
-                (1 << (v - 1).bit_length()) if type(v) is int and v > 0 else v
+                (((v - 1) >> (b - 2) if b > 1 else v) | b << 2)
+                if type(v) is int and v > 0 and (b := (v - 1).bit_length()) >= 0
+                else v
                 for v in [args[i] for i in state.bucket_index if i < n]
             ],
             *[args[i] for i in state.raw_index if i < n],

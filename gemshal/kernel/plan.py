@@ -65,12 +65,25 @@ def policy(env: Mapping[str, str] | None = None) -> str:
 
 
 def bucket(value: Any) -> Any:
-    """A key value's size bucket: a positive integer (not a bool) rounded up to a power
-    of two; a function (a ``tl.constexpr`` JIT function, such as the element function
-    of a pointwise template) its ``__name__``, so a table row can name it as a string;
-    anything else stands for itself."""
+    """A key value's size bucket: a positive integer (not a bool) rounded up to the next
+    half octave, a power of two or three quarters of one (..., 512, 768, 1024, 1536,
+    2048, 3072, ...); a function (a ``tl.constexpr`` JIT function, such as the element
+    function of a pointwise template) its ``__name__``, so a table row can name it as a
+    string; anything else stands for itself.
+
+    Half octaves keep the 768-, 1536- and 3072-wide layers of GPT-2, BERT, ViT and
+    Llama 3.2 3B out of the 1024, 2048 and 4096 buckets of other models: their best
+    tiles differ. A call between a power of two and the half octave below it sits
+    nearer (on a log scale) to the power of two above than to the one below, so
+    :func:`nearest_row` over a table of powers of two picks what a power-of-two bucket
+    would have had exactly.
+    """
     if type(value) is int and value > 0:
-        return 1 << (value - 1).bit_length()
+        power = 1 << (value - 1).bit_length()  # the smallest power of two >= value
+        three_quarters = 3 * power // 4
+        if power >= 4 and value <= three_quarters:
+            return three_quarters
+        return power
     if callable(value):
         name = getattr(value, "__name__", None)
         if isinstance(name, str):
