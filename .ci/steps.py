@@ -391,9 +391,10 @@ def hostprof(name: str, out_file: str | None) -> None:
                     stats.sort_stats("cumulative").print_stats(90)
 
 
-def workload(models: list[str]) -> None:
-    """One gemsops training step of each model, then greedy decode of the small Llama at
-    batches 1 and 8: the workload ``gemsops tune`` benchmarks for the sm90 tables."""
+def workload(models: list[str], decode: bool = True) -> None:
+    """One gemsops training step of each model, then (``decode``) greedy decode of the
+    small Llama at batches 1 and 8: the workload ``gemsops tune`` benchmarks for the sm90
+    tables."""
     for name in models:
         model, inputs, opt = _build(name)
         with gemsops.use_gems():
@@ -403,6 +404,8 @@ def workload(models: list[str]) -> None:
         print(f"tune workload: {name} step {time.perf_counter() - t:.1f} s", flush=True)
         del model, inputs, opt
         torch.cuda.empty_cache()
+    if not decode:
+        return
     model, _inputs, _opt = _build("llama")
     model.eval()
     for batch in (1, 8):
@@ -423,6 +426,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--no-decode", action="store_true",
+                   help="workload: the training steps only, no generate")
     p.add_argument("--side", choices=("gemsops", "torch"), default="gemsops")
     p.add_argument("--profile", help="first: cProfile the first step into this file")
     p.add_argument("--unused", default="",
@@ -439,7 +444,7 @@ def main(argv: list[str]) -> None:
     elif a.what == "kernels":
         kernels(a.models.split(","), a.top)
     elif a.what == "workload":
-        workload(a.models.split(","))
+        workload(a.models.split(","), not a.no_decode)
     else:
         generate(a.tokens)
 

@@ -11,7 +11,9 @@ launch of each kernel at each size bucket benchmarks the op entry's candidate co
 file written has, for every op met, the entry's configs and heuristics as they are now
 plus a ``table`` row per bucket (rows of the current entry for buckets this run did not
 meet are kept), so it can be given as ``GEMS_TUNE_CONFIG`` or shipped by a vendor
-plugin as ``<vendor>-<arch>.toml``.
+plugin as ``<vendor>-<arch>.toml``. While the workload runs the file is rewritten every
+30 s with the buckets so far, and SIGINT or SIGTERM stop the run and write them, so a
+run cut short (a time limit, a crash of the script, a kill) loses at most 30 s of it.
 
 On the Triton interpreter nothing can be benchmarked: each bucket met gets the entry's
 first config, which is what a CI test of this command checks.
@@ -24,6 +26,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -146,12 +149,68 @@ def refusal(output: str | None, script: str | None) -> str | None:
 
 
 class _Stopped(Exception):
-    """The tuning run was asked to stop (SIGTERM): write what it measured."""
+    """The tuning run was asked to stop (SIGTERM, SIGINT): write what it measured."""
 
 
-def run(script: str | None, script_args: list[str]) -> list[dict[str, Any]]:
+CHECKPOINT_S = 30.0
+"""How often a running ``gemsops tune`` rewrites its output file with the buckets so far."""
+
+
+def _measured(dev: gemshal.Device) -> list[dict[str, Any]]:
+    """The rows to write for the buckets met so far: the benchmarked ones (on the
+    interpreter, every bucket met with its entry's first config)."""
+    met = choices()
+    if dev.interpreter:
+        out = []
+        for row in met:
+            first = tune.lookup(row["op"]).configs[0]
+            out.append({**row, "how": "first", "config": first.to_triton().all_kwargs()})
+        return out
+    return [row for row in met if row["how"] == "benchmark"]
+
+
+def _write(out: str, rows: list[dict[str, Any]], header: str) -> None:
+    """Write the tuning file through a temporary file, so a reader (or a run killed while
+    writing) never sees half a file."""
+    tmp = f"{out}.partial"
+    with open(tmp, "w") as f:
+        f.write(render(rows, header))
+    os.replace(tmp, out)
+
+
+def _checkpoints(out: str, header: str, every: float) -> Callable[[], None]:
+    """Start rewriting ``out`` every ``every`` seconds with the buckets measured so far
+    (a run killed outright keeps its last checkpoint); returns the function that stops it."""
+    done = threading.Event()
+    dev = gemshal.current_device()
+    written = [-1]
+
+    def loop() -> None:
+        while not done.wait(every):
+            try:
+                rows = _measured(dev)
+                if len(rows) != written[0]:
+                    _write(out, rows, header + "\na checkpoint: the run had not finished")
+                    written[0] = len(rows)
+            except Exception:  # read while the run changes it: try again next time
+                continue
+
+    thread = threading.Thread(target=loop, name="gemsops-tune-checkpoint", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        done.set()
+        thread.join()
+
+    return stop
+
+
+def run(script: str | None, script_args: list[str], out: str | None = None,
+        header: str = "", every: float = CHECKPOINT_S) -> list[dict[str, Any]]:
     """Run the workload once under ``GEMS_AUTOTUNE=all`` and ``use_gems()``; the buckets met.
 
+    With ``out``, the file is rewritten every ``every`` seconds while the workload runs
+    (the buckets so far, under ``header``), so a run killed outright keeps them.
     Interpreted kernels are pinned, so there each bucket's row is the entry's first config.
     """
     from gemsops import registry
@@ -163,24 +222,21 @@ def run(script: str | None, script_args: list[str]) -> list[dict[str, Any]]:
     def stop(signum: int, _frame: Any) -> None:
         raise _Stopped(signal.Signals(signum).name)
 
-    before = signal.signal(signal.SIGTERM, stop)
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    stop_checkpoints = _checkpoints(out, header, every) if out else None
     try:
         with registry.use_gems():
             workload(script, script_args)()
     except (_Stopped, KeyboardInterrupt) as why:
         # What was measured so far is kept: the file is written with the buckets met.
-        print(f"gemsops tune: stopped ({why or 'interrupted'}); writing the buckets tuned so "
-              "far", file=sys.stderr)
+        print(f"gemsops tune: stopped ({str(why) or 'interrupted'}); writing the buckets "
+              "tuned so far", file=sys.stderr)
     finally:
-        signal.signal(signal.SIGTERM, before)
-    met = choices()
-    if dev.interpreter:
-        out = []
-        for row in met:
-            first = tune.lookup(row["op"]).configs[0]
-            out.append({**row, "how": "first", "config": first.to_triton().all_kwargs()})
-        return out
-    return [row for row in met if row["how"] == "benchmark"]
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        if stop_checkpoints is not None:
+            stop_checkpoints()
+    return _measured(dev)
 
 
 def add_parser(sub: Any) -> None:
@@ -205,17 +261,16 @@ def main(args: argparse.Namespace) -> int:
         print(f"gemsops tune: {problem}", file=sys.stderr)
         return 2
     dev = gemshal.current_device()
-    start = time.perf_counter()
-    rows = run(args.script, args.script_args)
-    took = time.perf_counter() - start
     what = args.script or "the built-in model case"
-    header = (f"gemsops tune on {dev.name} ({dev.vendor.name} {dev.arch.tag}), "
-              f"{what}, {time.strftime('%Y-%m-%d')}\n"
-              f"{len(rows)} kernel buckets in {took:.0f} s"
+    title = (f"gemsops tune on {dev.name} ({dev.vendor.name} {dev.arch.tag}), "
+             f"{what}, {time.strftime('%Y-%m-%d')}")
+    start = time.perf_counter()
+    rows = run(args.script, args.script_args, out, title)
+    took = time.perf_counter() - start
+    header = (f"{title}\n{len(rows)} kernel buckets in {took:.0f} s"
               + ("; the interpreter benchmarks nothing: first configs" if dev.interpreter
                  else ""))
-    with open(out, "w") as f:
-        f.write(render(rows, header))
+    _write(out, rows, header)
     ops = sorted({r["op"] for r in rows})
     print(f"gemsops tune: {len(rows)} buckets of {len(ops)} ops in {took:.1f} s -> {out}")
     for op in ops:

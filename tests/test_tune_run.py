@@ -187,3 +187,66 @@ def test_a_keyless_kernels_choice_leads_its_configs_and_writes_no_table(tmp_path
     lead = entry.configs[0]
     assert dict(lead.meta) == {"BLOCK": 4096} and lead.num_warps == 8 and lead.num_stages == 2
     assert any(c.identity() == first.identity() for c in entry.configs[1:])
+
+
+_CHECKPOINTED = """
+import os, sys, time
+import torch
+torch.softmax(torch.randn(8, 16), -1)
+out = sys.argv[1]
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    if os.path.exists(out) and "softmax_rows" in open(out).read():
+        open(out + ".seen", "w").write(open(out).read())
+        break
+    time.sleep(0.05)
+"""
+
+
+def test_a_running_tune_checkpoints_its_file_before_the_workload_ends(tmp_path: Path) -> None:
+    """While the workload still runs, the output file already holds the buckets met so
+    far (a run killed outright keeps them): the script itself reads it mid-run."""
+    from gemsops import tune_run
+
+    script = tmp_path / "work.py"
+    script.write_text(_CHECKPOINTED)
+    out = tmp_path / "tuned.toml"
+    saved = os.environ.get("GEMS_AUTOTUNE")
+    try:
+        rows = tune_run.run(str(script), ["--", str(out)], str(out), "test run", every=0.1)
+    finally:
+        if saved is None:
+            os.environ.pop("GEMS_AUTOTUNE", None)
+        else:
+            os.environ["GEMS_AUTOTUNE"] = saved
+        tune.clear_cache()
+    seen = (tmp_path / "tuned.toml.seen").read_text()
+    assert "a checkpoint: the run had not finished" in seen
+    assert "[ops.softmax_rows]" in seen
+    parsed = loads(seen, TuneSource(out, "user", "test"))
+    assert parsed.ops["softmax_rows"].table
+    assert any(r["op"] == "softmax_rows" for r in rows)
+    assert not (tmp_path / "tuned.toml.partial").exists()
+
+
+def test_sigint_stops_the_workload_and_keeps_the_buckets_met(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGINT in the middle of the workload (a time limit's signal) ends the script, says
+    so on stderr, and the command still writes every bucket met before it."""
+    script = tmp_path / "work.py"
+    script.write_text("import os, signal, torch\ntorch.softmax(torch.randn(8, 16), -1)\n"
+                      "os.kill(os.getpid(), signal.SIGINT)\nraise SystemExit('not reached')\n")
+    out = tmp_path / "tuned.toml"
+    saved = os.environ.get("GEMS_AUTOTUNE")
+    try:
+        assert main(["tune", "--out", str(out), "--script", str(script)]) == 0
+    finally:
+        if saved is None:
+            os.environ.pop("GEMS_AUTOTUNE", None)
+        else:
+            os.environ["GEMS_AUTOTUNE"] = saved
+        tune.clear_cache()
+    assert "gemsops tune: stopped (SIGINT)" in capsys.readouterr().err
+    text = out.read_text()
+    assert "[ops.softmax_rows]" in text and "a checkpoint" not in text
