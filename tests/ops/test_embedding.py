@@ -3,6 +3,8 @@
 Tables are drawn in float and integer dtypes and any layout, indices (int32/int64) of
 rank 0-3 with repeats; the backward covers padding_idx, scale_grad_by_freq and rows
 never looked up, compared with torch's kernel in float64 (the sums widen tolerance).
+The sort-based backward is also checked bit for bit against per-index sums in position
+order (many duplicates, one index everywhere), and under deterministic algorithms.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gemshal
+import gemsops
 from gemsops import registry
 from gemsops.errors import Unsupported
 from gemsops.ops.memory import embedding as E
@@ -94,15 +97,141 @@ def test_out_of_range_index_raises_like_torch() -> None:
         E.embedding_dense_backward(torch.randn(2, 3), torch.tensor([-1, 0]), 4, -1, False)
 
 
-def test_deterministic_mode_leaves_backward_to_torch() -> None:
-    """Atomic accumulation is order-dependent: deterministic mode raises Unsupported."""
+def _ordered_sum(grad: torch.Tensor, idx: torch.Tensor, num: int,
+                 padding_idx: int) -> torch.Tensor:
+    """The backward as the sort-based kernel defines it, on the CPU: per index, its
+    gradient rows added one at a time in position order in float32 (float64 for
+    float64), padding_idx's row left 0, then cast to the gradient's dtype."""
+    acc = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    flat = idx.reshape(-1).cpu().tolist()
+    g = grad.detach().cpu().to(acc).reshape(len(flat), grad.shape[-1])
+    out = torch.zeros(num, grad.shape[-1], dtype=acc)
+    for pos, v in enumerate(flat):
+        if v != padding_idx:
+            out[v] += g[pos]
+    return out.to(grad.dtype)
+
+
+@st.composite
+def repeated(draw: st.DrawFn, num: int) -> torch.Tensor:
+    """int32/int64 indices of rank 1-2 in [0, num) with many repeats: drawn from a few
+    values, or one index over every position (runs longer than one kernel step)."""
+    n = draw(st.integers(1, 48))
+    dtype = draw(st.sampled_from([torch.int32, torch.int64]))
+    if draw(st.booleans()):
+        idx = torch.full((n,), draw(st.integers(0, num - 1)), dtype=dtype)
+    else:
+        pool = draw(st.lists(st.integers(0, num - 1), min_size=1, max_size=3))
+        idx = torch.tensor(draw(st.lists(st.sampled_from(pool), min_size=n, max_size=n)),
+                           dtype=dtype)
+    if n % 2 == 0 and draw(st.booleans()):
+        idx = idx.view(2, n // 2)
+    return idx.to(DEV)
+
+
+@given(data=st.data(), num=st.integers(1, 12), dim=st.sampled_from([1, 5, 64, 130]),
+       dtype=st.sampled_from(GRAD_DTYPES))
+def test_backward_sums_repeated_indices_in_position_order(data: st.DataObject, num: int,
+                                                          dim: int,
+                                                          dtype: torch.dtype) -> None:
+    """With many duplicate indices (one index over all positions included) each row is
+    bit-for-bit its positions' gradient rows added in position order in float32 (the
+    stable sort keeps that order, whatever the config), and matches torch's kernel."""
+    idx = data.draw(repeated(num))
+    grad = data.draw(tensors(shape=(*idx.shape, dim), dtypes=[dtype])).to(DEV)
+    got = E.embedding_dense_backward(grad, idx, num, -1, False)
+    torch.testing.assert_close(got.cpu(), _ordered_sum(grad, idx, num, -1), rtol=0, atol=0,
+                               equal_nan=True)
+    expected = reference(torch.ops.aten.embedding_dense_backward, grad, idx, num, -1, False)
+    assert_close(got, expected, reduce_size=idx.numel())
+
+
+@given(data=st.data(), num=st.integers(1, 12), dim=st.sampled_from([1, 5, 130]),
+       dtype=st.sampled_from(GRAD_DTYPES), scale=st.booleans())
+def test_backward_padding_row_stays_zero(data: st.DataObject, num: int, dim: int,
+                                         dtype: torch.dtype, scale: bool) -> None:
+    """padding_idx's row is exactly 0 however often it is looked up (the whole gradient
+    when it is the only index); every other row is torch's."""
+    idx = data.draw(repeated(num))
+    padding_idx = int(data.draw(st.sampled_from(idx.reshape(-1).tolist())))
+    grad = data.draw(tensors(shape=(*idx.shape, dim), dtypes=[dtype])).to(DEV)
+    got = E.embedding_dense_backward(grad, idx, num, padding_idx, scale)
+    assert bool((got[padding_idx] == 0).all())
+    if bool((idx == padding_idx).all()):
+        assert bool((got == 0).all())
+    expected = reference(torch.ops.aten.embedding_dense_backward, grad, idx, num,
+                         padding_idx, scale)
+    assert_close(got, expected, reduce_size=idx.numel())
+
+
+@given(data=st.data(), num=st.integers(1, 12), dim=st.sampled_from([1, 5, 130]),
+       dtype=st.sampled_from(GRAD_DTYPES), pad=st.booleans())
+def test_backward_scale_grad_by_freq_divides_by_counts(data: st.DataObject, num: int,
+                                                       dim: int, dtype: torch.dtype,
+                                                       pad: bool) -> None:
+    """scale_grad_by_freq divides each row's sum by its index's count (runs of any
+    length, with or without a padding index), as torch does; unseen rows stay 0."""
+    idx = data.draw(repeated(num))
+    padding_idx = int(idx.reshape(-1)[-1]) if pad else -1
+    grad = data.draw(tensors(shape=(*idx.shape, dim), dtypes=[dtype])).to(DEV)
+    got = E.embedding_dense_backward(grad, idx, num, padding_idx, True)
+    expected = reference(torch.ops.aten.embedding_dense_backward, grad, idx, num,
+                         padding_idx, True)
+    assert_close(got, expected, reduce_size=idx.numel())
+    counts = torch.bincount(idx.reshape(-1).cpu().long(), minlength=num)
+    assert bool((got[(counts == 0).to(got.device)] == 0).all())
+
+
+@given(data=st.data(), num=st.integers(1, 40), dim=st.sampled_from([3, 70]),
+       dtype=st.sampled_from(GRAD_DTYPES), scale=st.booleans())
+def test_deterministic_mode_serves_backward_bitwise_reproducibly(data: st.DataObject,
+                                                                 num: int, dim: int,
+                                                                 dtype: torch.dtype,
+                                                                 scale: bool) -> None:
+    """Under torch.use_deterministic_algorithms(True) the backward is served (no
+    atomics: a fixed summation order), two runs are bit-identical, and both match
+    torch's kernel."""
+    idx = data.draw(indices(num))
+    grad = data.draw(tensors(shape=(*idx.shape, dim), dtypes=[dtype])).to(DEV)
+    before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        with pytest.raises(Unsupported):
-            E.embedding_dense_backward(torch.randn(2, 3, device=DEV),
-                                       torch.tensor([0, 1], device=DEV), 4, -1, False)
+        runs = [E.embedding_dense_backward(grad, idx, num, -1, scale) for _ in range(2)]
     finally:
-        torch.use_deterministic_algorithms(False)
+        torch.use_deterministic_algorithms(before)
+    torch.testing.assert_close(runs[0], runs[1], rtol=0, atol=0, equal_nan=True)
+    expected = reference(torch.ops.aten.embedding_dense_backward, grad, idx, num, -1, scale)
+    assert_close(runs[0], expected, reduce_size=max(1, idx.numel()))
+
+
+def test_deterministic_mode_backward_is_served_through_autograd() -> None:
+    """In deterministic mode a table gradient through aten reaches gemsops' backward
+    (not handed back to torch) and equals torch's."""
+    weight = torch.randn(10, 33, device=DEV, requires_grad=True)
+    idx = torch.tensor([[1, 2, 2, 9], [4, 2, 1, 0]], device=DEV)
+    g = torch.randn(2, 4, 33, device=DEV)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with gemsops.use_gems(include=["embedding_dense_backward"]), gemsops.record() as rec:
+            F.embedding(idx, weight).backward(g)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert rec.served["embedding_dense_backward.default"] == 1, rec.summary()
+    expected = reference(torch.ops.aten.embedding_dense_backward, g, idx, 10, -1, False)
+    assert_close(weight.grad, expected, reduce_size=8)  # type: ignore[arg-type]
+
+
+def test_backward_reads_strided_gradients_in_place() -> None:
+    """A transposed or column-sliced grad_output (a view the kernel walks by its
+    strides) gives the contiguous gradient's result bit for bit."""
+    idx = torch.tensor([[3, 0, 3], [1, 3, 0]], device=DEV)
+    base = torch.randn(70, 3, 2, device=DEV)
+    strided = base.permute(2, 1, 0)  # [2, 3, 70], columns 6 elements apart
+    got = E.embedding_dense_backward(strided, idx, 5, -1, False)
+    want = E.embedding_dense_backward(strided.contiguous(), idx, 5, -1, False)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got.cpu(), _ordered_sum(strided, idx, 5, -1), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

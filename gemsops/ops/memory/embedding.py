@@ -3,11 +3,14 @@
 The forward gathers rows: each program copies ``BLOCK_M`` whole looked-up rows, reading
 each row's index once and walking the row ``BLOCK_D`` columns at a time (a config whose
 BLOCK_D covers the row, as 4096 for LLM widths, copies it in one step of wide vector
-loads). The backward scatters gradient rows into an fp32 (fp64 for fp64)
-accumulator with atomic adds, sort-free, then (for half types or ``scale_grad_by_freq``)
-a finishing kernel divides by the index counts and casts. Atomic accumulation is
-order-dependent, so under ``torch.use_deterministic_algorithms(True)`` the backward is
-left to torch.
+loads). The backward never builds a [V, D] accumulator: it zeroes the [V, D] result
+in its own dtype, sorts the indices stably (torch's sort, keeping each one's position),
+and the program of each sorted position that starts a run of equal indices sums that
+run's gradient rows in sorted order, in float32 (float64 for float64), divides by the
+run's length for ``scale_grad_by_freq``, skips ``padding_idx``'s run, and writes the row
+cast to the gradient dtype. The summation order is fixed by the stable sort (and the same
+for every config), so the result is deterministic: the backward is served under
+``torch.use_deterministic_algorithms(True)`` too.
 
 An index outside ``[0, num_weights)`` is an error in torch. Kernels never read or write
 out of bounds for one (such rows are masked off) and assert under ``TRITON_DEBUG``; on the
@@ -27,7 +30,7 @@ from torch import Tensor
 from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, acc_dtype, check_supported
+from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, check_supported, tl_acc
 from gemsops.ops.grid import cdiv, next_power_of_2
 from gemsops.ops.higher_order import gems_backward, higher_order
 from gemsops.registry import running
@@ -77,62 +80,63 @@ def _embedding_kernel(
 @kernel("embedding_zero", key=["n"])
 @triton.jit
 def _zero_kernel(P, n, BLOCK: tl.constexpr):
-    # P[0:n] = 0, the accumulator's start (torch.zeros would go through an aten op that
+    # P[0:n] = 0, the gradient's start (torch.zeros would go through an aten op that
     # gemsops itself may serve).
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     tl.store(P + offs, tl.zeros((BLOCK,), P.dtype.element_ty), mask=offs < n)
 
 
-@kernel("embedding_backward_count", key=["n"], reset_to_zero=["Count"])
+@kernel("embedding_backward_rows", key=["D"])
 @triton.jit
-def _count_kernel(Idx, Count, n, V, padding_idx, BLOCK: tl.constexpr):
-    # Count[v] += number of positions holding index v (padding and out-of-range skipped).
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    idx = tl.load(Idx + offs, mask=offs < n, other=-1).to(tl.int64)
-    ok = (offs < n) & (idx != padding_idx) & (idx >= 0) & (idx < V)
-    tl.atomic_add(Count + idx, tl.full((BLOCK,), 1, tl.int32), mask=ok)
-
-
-@kernel("embedding_backward", key=["D"], reset_to_zero=["Acc"])
-@triton.jit
-def _scatter_kernel(
-    G,  # [n, D] gradient rows, contiguous
-    Idx,  # [n] indices
-    Acc,  # [V, D] zeroed accumulator (fp32/fp64, or the fp32 result itself)
+def _rows_kernel(
+    G,  # [n, D] gradient rows, any strides
+    Sorted,  # [n] indices in ascending order (a stable sort)
+    Order,  # [n] int64: the position each sorted index came from
+    Out,  # [V, D] zeroed result, contiguous
     n,
     V,
     D,
+    stride_gn, stride_gd,
     padding_idx,  # rows at this index get no gradient (-1: none, indices are >= 0)
-    BLOCK_M: tl.constexpr,
+    SCALE: tl.constexpr,  # divide each row by its index count
+    ACC: tl.constexpr,  # float32, or float64 for float64 gradients
+    BLOCK_N: tl.constexpr,  # sorted positions read per step of a run
     BLOCK_D: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # The program of sorted position p writes out[sorted[p]] when p starts a run of equal
+    # indices: the run's gradient rows summed in sorted order (fixed: deterministic, and
+    # the same for every config), one column chunk per program along axis 1.
+    p = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    row_ok = rows < n
-    col_ok = cols < D
-    idx = tl.load(Idx + rows, mask=row_ok, other=-1).to(tl.int64)
-    tl.device_assert(~row_ok | ((idx >= 0) & (idx < V)), "embedding index out of range")
-    ok = row_ok & (idx != padding_idx) & (idx >= 0) & (idx < V)
-    mask = ok[:, None] & col_ok[None, :]
-    g = tl.load(G + rows.to(tl.int64)[:, None] * D + cols[None, :], mask=mask, other=0.0)
-    tl.atomic_add(Acc + idx[:, None] * D + cols[None, :], g.to(Acc.dtype.element_ty), mask=mask)
-
-
-@kernel("embedding_backward_finish", key=["D"])
-@triton.jit
-def _finish_kernel(Acc, Count, Out, V, D, SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_D: tl.constexpr):
-    # Out = Acc (/ Count per row when scaling by frequency), cast to the gradient dtype.
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = (rows < V)[:, None] & (cols < D)[None, :]
-    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    acc = tl.load(Acc + offs, mask=mask, other=0.0)
+    cur = tl.load(Sorted + p).to(tl.int64)
+    prev = tl.load(Sorted + tl.maximum(p - 1, 0)).to(tl.int64)
+    ok = (cur >= 0) & (cur < V)
+    tl.device_assert(ok, "embedding index out of range")
+    # An out-of-range index writes nothing (and its run is never walked).
+    start = ((p == 0) | (prev != cur)) & ok & (cur != padding_idx)
+    acc = tl.zeros((BLOCK_D,), ACC)
+    count = p * 0  # int64 scalar
+    q = p
+    go = start
+    while go:
+        # BLOCK_N positions a step, their loads independent (in flight together); rows
+        # past the run are masked off, and adding their 0.0 leaves the sum as it was.
+        for i in tl.static_range(BLOCK_N):
+            at = q + i
+            inside = at < n
+            same = inside & (tl.load(Sorted + at, mask=inside, other=0).to(tl.int64) == cur)
+            pos = tl.load(Order + at, mask=same, other=0)
+            src = G + pos * stride_gn + cols.to(tl.int64) * stride_gd
+            # (A scalar flag and a block mask combine as `cols < width`: the interpreter's
+            # `scalar & block` is no boolean.)
+            g = tl.load(src, mask=cols < tl.where(same, D, 0), other=0.0)
+            acc += g.to(ACC)
+            count += same.to(tl.int64)
+        q += BLOCK_N
+        go = same  # the step's last position is still in the run: it may go on
     if SCALE:
-        # Rows never looked up have count 0 and a zero sum: divide by 1 instead.
-        cnt = tl.load(Count + rows, mask=rows < V, other=1)
-        acc = acc / tl.maximum(cnt, 1).to(acc.dtype)[:, None]
-    tl.store(Out + offs, acc.to(Out.dtype.element_ty), mask=mask)
+        acc = acc / tl.maximum(count, 1).to(ACC)
+    tl.store(Out + cur * D + cols, acc.to(Out.dtype.element_ty), mask=cols < tl.where(start, D, 0))
 
 
 def _check_indices(indices: Tensor, num: int) -> Tensor:
@@ -221,45 +225,30 @@ def embedding_dense_backward(grad_output: Tensor, indices: Tensor, num_weights: 
 
     Raises:
         IndexError: an index out of range (checked on the CPU).
-        Unsupported: deterministic algorithms requested, or inputs these kernels do not take.
+        Unsupported: inputs these kernels do not take.
     """
     if grad_output.dtype not in FLOAT_DTYPES or grad_output.layout != torch.strided:
         raise Unsupported(f"embedding gradient of {grad_output.dtype}")
     if grad_output.device != indices.device:
         raise Unsupported("gradient and indices on different devices")
-    if torch.are_deterministic_algorithms_enabled():
-        raise Unsupported("atomic accumulation is not deterministic")
     check_supported(grad_output.dtype)
     if tuple(grad_output.shape[:-1]) != tuple(indices.shape) and grad_output.numel():
         raise Unsupported("grad_output does not match the indices")
     V, D = int(num_weights), grad_output.shape[-1]
     flat = _check_indices(indices, V)
     n = flat.numel()
-    dev = grad_output.device
-    out = torch.empty((V, D), dtype=grad_output.dtype, device=dev)
+    out = torch.empty((V, D), dtype=grad_output.dtype, device=grad_output.device)
     if V * D == 0:
         return out
-    acc_t = acc_dtype(grad_output.dtype)
-    direct = grad_output.dtype == acc_t and not scale_grad_by_freq
-    acc = out if direct else torch.empty((V, D), dtype=acc_t, device=dev)
-    count = torch.empty(V if scale_grad_by_freq else 1, dtype=torch.int32, device=dev)
-    g = grad_output.reshape(n, D)
-    if g.stride(1) != 1 or g.stride(0) != D:
-        g = g.contiguous()
-    for buf in (acc, count) if scale_grad_by_freq else (acc,):
-        total = buf.numel()
-        _zero_kernel[lambda meta, t=total: (cdiv(t, meta["BLOCK"]),)](buf, total)
+    total = V * D
+    _zero_kernel[lambda meta: (cdiv(total, meta["BLOCK"]),)](out, total)
     if n:
-        if scale_grad_by_freq:
-            _count_kernel[lambda meta: (cdiv(n, meta["BLOCK"]),)](
-                flat, count, n, V, int(padding_idx))
-        _scatter_kernel[lambda meta: (cdiv(n, meta["BLOCK_M"]),
-                                      cdiv(D, meta["BLOCK_D"]))](
-            g, flat, acc, n, V, D, int(padding_idx))
-    if not direct:
-        _finish_kernel[lambda meta: (cdiv(V, meta["BLOCK_M"]),
-                                     cdiv(D, meta["BLOCK_D"]))](
-            acc, count, out, V, D, SCALE=scale_grad_by_freq)
+        g = grad_output.reshape(n, D)  # a view when the layout allows (strides go along)
+        with running():  # torch's own stable sort, never one gemsops serves
+            ordered, order = torch.sort(flat, stable=True)
+        _rows_kernel[lambda meta: (n, cdiv(D, meta["BLOCK_D"]))](
+            g, ordered, order, out, n, V, D, *g.stride(), int(padding_idx),
+            SCALE=bool(scale_grad_by_freq), ACC=tl_acc(grad_output.dtype))
     return out
 
 
