@@ -276,3 +276,40 @@ def test_models_suite_shapes_are_the_public_configs() -> None:
     assert "llama-1b sdpa causal fwd+bwd 4x32/8x2048x2048x64" in labels
     assert "llama-8b decode sdpa 16x32/8x1x4096x128" in labels
     assert len(labels) == len(suite_cases(tiny=False))  # no two cases share a label
+
+
+def test_suite_warm_up_compiles_gemsops_kernels_on_the_calling_thread() -> None:
+    """The suite's first call of a gemsops side runs with every compile on the calling
+    thread (``waiting()``), so an op whose kernels compile in rounds (a forward, then a
+    reduction, then a backward) is not timed while torch serves it; torch's side warms
+    up as torch runs, with no such scope."""
+    import torch
+
+    from gemshal.kernel import compile as kc
+    from gemsops.bench_cases import BenchCase
+    from gemsops.bench_suite import measure_suite
+
+    modes: list[tuple[bool, str]] = []
+
+    def make(dev: torch.device) -> object:
+        x = torch.ones(4, device=dev)
+
+        def fn() -> object:
+            modes.append((gemsops_on(), kc.mode({})))
+            return x + 1
+
+        return fn
+
+    from gemsops import registry
+
+    def gemsops_on() -> bool:
+        return bool(registry.registered_ops())
+
+    case = BenchCase("add", "warm probe 4", torch.float32, make)
+    rows = measure_suite([case], dev=torch.device("cpu"), interpreter=True)
+    assert rows[0]["torch_eager_ms"] > 0 and rows[0]["gemsops_eager_ms"] > 0
+    torch_modes = [m for on, m in modes if not on]
+    gems_modes = [m for on, m in modes if on]
+    assert torch_modes and set(torch_modes) == {"background"}
+    assert gems_modes[0] == "wait"  # the first (warm-up) call compiles here
+    assert gems_modes[-1] == "background"  # the timed calls run as a user's would

@@ -113,13 +113,15 @@ def _fwd_blocks(
             m_use = m_new
             p = tl.exp2(qk * qk_scale - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_ij = tl.sum(p, 1)
         acc = acc * alpha[:, None]
         if DROPOUT:
             # The normaliser l_i sums every probability; only the kept ones reach v.
             kept = dropout_keep(seed, offset, bh, rows, start_n, Lq, Lk, dropout_p, BLOCK_N)
             p = tl.where(kept, p, 0.0)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        # The row statistics last: fewer values live across the products.
+        l_i = l_i * alpha + l_ij
         m_i = m_new
     return acc, l_i, m_i
 
