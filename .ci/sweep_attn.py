@@ -90,10 +90,23 @@ def make(case: tuple[Any, ...]) -> tuple[Any, Any, tuple[torch.Tensor, ...]]:
     return fwd, step, (q, k, v)
 
 
-def launches(step: Any) -> list[tuple[Any, Any, tuple[Any, ...], Any]]:
-    """The swept kernels' launches in one forward and backward (the first of each)."""
+def launches(fwd: Any, case: tuple[Any, ...],
+             inputs: tuple[torch.Tensor, ...]) -> list[tuple[Any, Any, tuple[Any, ...], Any]]:
+    """The swept kernels' launches in one forward and backward (the first of each). The
+    backward is called here, not through autograd, whose device thread a recording on
+    this one would not see."""
+    from gemsops.ops.attention import sdpa
+
     with registry.use_gems(), waiting(), recording() as rec:
-        step()
+        with torch.no_grad():
+            fwd()
+    out, lse = next(args[4:6] for kernel, _, args, _ in rec.launches
+                    if kernel.op == "attention_fwd")
+    q, k, v = (t.detach() for t in inputs)
+    with registry.use_gems(), waiting(), recording() as rec_b:
+        sdpa._backward(torch.randn_like(out), q, k, v, None, out, lse, case[7],
+                       case[6] ** -0.5)
+    rec.launches.extend(rec_b.launches)
     seen: dict[str, tuple[Any, Any, tuple[Any, ...], Any]] = {}
     for kernel, grid, args, kwargs in rec.launches:
         if kernel.op in KERNELS and kernel.op not in seen:
@@ -124,7 +137,7 @@ def run(timing: bool, share: tuple[int, int] | None) -> list[dict[str, Any]]:
                     step()
                 rec["gemsops_fwd_ms"] = bench(fwd)
                 rec["gemsops_fwd_bwd_ms"] = bench(step)
-        for kernel, grid, args, kwargs in launches(step):
+        for kernel, grid, args, kwargs in launches(fwd, case, inputs):
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             want = []
             if timing:
