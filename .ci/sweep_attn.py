@@ -19,10 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from typing import Any
 
 import torch
@@ -37,6 +34,8 @@ from gemshal.kernel.compile import waiting
 from gemsops import registry
 
 TINY = os.environ.get("SWEEP_TINY") == "1"
+from compile_workers import compile_then_time  # noqa: E402 - .ci/ on sys.path
+
 DEV = gemshal.current_device().torch_device
 DT = torch.float32 if TINY else torch.bfloat16
 KERNELS = ("attention_fwd", "attention_bwd_dq", "attention_bwd_dkdv")
@@ -195,27 +194,9 @@ def report(rec: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    out = sys.argv[1]
     gemsops.mm  # noqa: B018 - loads the op declarations
-    if len(sys.argv) > 2 and sys.argv[2] == "--compile":
-        run(False, (int(sys.argv[3]), int(sys.argv[4])))
-        return
-    n = 1 if TINY else int(os.environ.get("SWEEP_WORKERS", "14"))
-    t0 = time.time()
-    logs = tempfile.mkdtemp()
-    procs = [subprocess.Popen([sys.executable, __file__, out, "--compile", str(i), str(n)],
-                              stdout=subprocess.DEVNULL,
-                              stderr=open(f"{logs}/compile-{i}.log", "w"))
-             for i in range(n)]
-    for p in procs:
-        p.wait()
-    bad = [i for i, p in enumerate(procs) if p.returncode]
-    print(f"compiled in {time.time() - t0:.0f} s with {n} workers"
-          + (f"; workers {bad} failed: {open(f'{logs}/compile-{bad[0]}.log').read()[-800:]}"
-             if bad else ""), flush=True)
-    t1 = time.time()
-    run(True, None)
-    print(f"timed in {time.time() - t1:.0f} s", flush=True)
+    workers = 1 if TINY else int(os.environ.get("SWEEP_WORKERS", "14"))
+    compile_then_time(__file__, sys.argv[1], workers, run)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from typing import Any
 
 import torch
@@ -32,6 +29,8 @@ from gemsops.ops.matmul import mm as MM
 from gemsops.ops.matmul import persistent as P
 
 TINY = os.environ.get("SWEEP_TINY") == "1"  # a dry run of the logic on small shapes
+from compile_workers import compile_then_time, worker_share  # noqa: E402
+
 DEV = gemshal.current_device().torch_device
 BF16 = torch.bfloat16
 BIG, WIDE, DEPTH = (64, 64, 64) if TINY else (4096, 14336, 4096)
@@ -319,24 +318,10 @@ def report(rec: dict[str, Any]) -> None:
 def main() -> None:
     out = sys.argv[1]
     gemsops.mm  # noqa: B018 - loads the op declarations
-    if len(sys.argv) > 2 and sys.argv[2] == "--compile":
-        run(False, (int(sys.argv[3]), int(sys.argv[4])))
-        return
-    n = int(os.environ.get("SWEEP_WORKERS", "12"))
-    t0 = time.time()
-    logs = tempfile.mkdtemp()
-    procs = [subprocess.Popen([sys.executable, __file__, out, "--compile", str(i), str(n)],
-                              stdout=subprocess.DEVNULL,
-                              stderr=open(f"{logs}/compile-{i}.log", "w"))
-             for i in range(n)]
-    for i, p in enumerate(procs):
-        if p.wait():
-            print(f"compile worker {i} failed:", open(f"{logs}/compile-{i}.log").read()[-2000:])
-    print(f"compiled in {time.time() - t0:.0f} s", flush=True)
-    results = run(True, None)
-    with open(f"{out}/sweep-mm.json", "w") as fh:
-        json.dump(results, fh, indent=1)
-    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    results = compile_then_time(__file__, out, int(os.environ.get("SWEEP_WORKERS", "12")), run)
+    if results is not None and worker_share() is None:
+        with open(f"{out}/sweep-mm.json", "w") as fh:
+            json.dump(results, fh, indent=1)
 
 
 if __name__ == "__main__":
