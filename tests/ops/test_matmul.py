@@ -153,8 +153,25 @@ def test_split_k_chosen_for_decode_shapes() -> None:
     assert MM._split_k(1, 16, 4096, 4096, 132) == 1  # 128 tiles of 32 columns fill it
     assert MM._split_k(1, 1, 128, 16384, 1) == 1  # one multiprocessor: nothing to fill
     assert MM._split_k(2, 1, 128, 16384, 132) == 1  # batched
-    assert MM._split_k(1, 512, 512, 16384, 132) == 1  # large M
     assert MM._split_k(1, 4, 64, 512, 132) == 1  # short K
+
+
+def test_split_k_chosen_for_few_output_tiles_over_a_long_k() -> None:
+    """A many-row product whose 128x128 output tiles fill at most half the multiprocessors
+    over a K of at least 4096 (a GPT-2-width weight gradient) splits K, a power of two up
+    to 8, until the tiles times the split reach the multiprocessor count; products that
+    fill the device, short ones, and small ones stay whole."""
+    assert MM._split_k(1, 768, 768, 8192, 132) == 4  # 36 tiles: 144 programs
+    assert MM._split_k(1, 768, 768, 6304, 132) == 4
+    assert MM._split_k(1, 512, 512, 16384, 132) == 8  # 16 tiles: capped at 8
+    assert MM._split_k(1, 768, 768, 8192, 72) == 2  # a smaller device needs less
+    assert MM._split_k(1, 3072, 768, 8192, 132) == 1  # 144 tiles fill it
+    assert MM._split_k(1, 768, 768, 8192, 64) == 1  # 36 tiles fill more than half of 64
+    assert MM._split_k(1, 2048, 2048, 8192, 132) == 1  # 256 tiles
+    assert MM._split_k(1, 768, 768, 2048, 132) == 1  # short K
+    assert MM._split_k(1, 256, 256, 4096, 132) == 1  # under SPLIT_MIN_WORK
+    assert MM._split_k(1, 768, 768, 4096, 132) == 4  # 1024 of K per split, the least
+    assert MM._split_k(2, 768, 768, 8192, 132) == 1  # batched
 
 
 def test_split_k_sized_for_the_operands_device(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -191,13 +191,41 @@ def _split_k(batch: int, M: int, N: int, K: int, sms: int) -> int:
     1024x1024 linear took 80-94 us to issue split in two, against 36 us for one launch
     of a 64^3 product).
     """
-    if batch != 1 or M > 64 or K < 1024 or N * K < SPLIT_MIN_WEIGHT:
+    if batch == 1 and M > 64:
+        return _split_few_tiles(M, N, K, sms)
+    if batch != 1 or K < 1024 or N * K < SPLIT_MIN_WEIGHT:
         return 1
     tiles = cdiv(M, 16) * cdiv(N, 32)
     if 2 * tiles > sms:
         return 1
     split = min(16, sms // max(tiles, 1), K // 512)
     return 1 if split < 2 else 1 << (split.bit_length() - 1)
+
+
+SPLIT_MIN_WORK = 1 << 31
+"""Fewest multiply-adds (M x N x K) a product of few output tiles splits K for (a 4 GFLOP
+product, about 8 us on an H100: below that the reduction's launch is not paid back)."""
+
+
+def _split_few_tiles(M: int, N: int, K: int, sms: int) -> int:
+    """The split for a product of many rows whose output is small beside its K: a linear
+    layer's weight gradient at GPT-2/BERT/ViT width (768x768 over 8192 tokens: 36 tiles of
+    128x128 for 132 multiprocessors). When its 128x128 tiles fill at most half the
+    multiprocessors and K is at least 4096, K is split until the tiles times the split
+    reach the multiprocessor count (a power of two, at most 8, >= 1024 of K per split).
+
+    On an H100 (.ci/splitk_probe.py, docs/gpu/s20) the 768x768 weight gradient over 8192
+    tokens took 40.3 us in the persistent kernel's best config and 34.0 us split in 4
+    (over 6304 tokens 32.7 and 29.3); 3072x768 (144 tiles) ran slower split in 2 (85.1 ->
+    88.6 us), so products that fill the device stay whole.
+    """
+    tiles = cdiv(M, 128) * cdiv(N, 128)
+    if K < 4096 or 2 * tiles > sms or M * N * K < SPLIT_MIN_WORK:
+        return 1
+    split = 1
+    while tiles * split < sms and split < 8 and K // (2 * split) >= 1024:
+        split *= 2
+    return split
 
 
 def _precision(dtype: torch.dtype) -> str | None:
