@@ -1,0 +1,28 @@
+"""The weight-gradient products of a 768-wide linear as a user's torch.mm reaches them
+(gemsops on, compiles waited for), beside torch, in one process: the split-K rule's
+before/after check (run once per tree).
+
+    python3 .ci/mm_confirm.py LABEL
+"""
+import sys
+
+import torch
+import triton.testing
+
+import gemsops
+from gemshal.kernel.compile import waiting
+
+rows = []
+for n, k, t in [(768, 768, 8192), (768, 768, 6304), (3072, 768, 8192), (2304, 768, 8192)]:
+    g = torch.randn(t, n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    a = g.t()
+    want = a.float() @ x.float()
+    torch_us = triton.testing.do_bench(lambda: torch.mm(a, x), rep=100) * 1e3
+    with gemsops.use_gems():
+        with waiting():
+            got = torch.mm(a, x)
+        ok = torch.allclose(got.float(), want, atol=1.0, rtol=0.05)
+        gems_us = triton.testing.do_bench(lambda: torch.mm(a, x), rep=100) * 1e3
+    print(f"{sys.argv[1]}: wgrad {n}x{k} K{t}: torch {torch_us:.1f} us, gemsops {gems_us:.1f} us "
+          f"({torch_us / gems_us:.2f}x), matches torch: {ok}", flush=True)
