@@ -249,7 +249,7 @@ def suite_cases(*, tiny: bool) -> list[BenchCase]:
 
 
 def _warm(fn: Thunk, side: str) -> None:
-    """Call ``fn`` until its timed calls run the side's own kernels. A gemsops call can
+    """Warm ``fn`` up so that its timed calls run the side's own kernels. A gemsops call can
     need several compile rounds (cross_entropy's forward, its reduction and its
     backward each wait for the one before), and a call that meets a background compile
     hands that op to torch; inside ``waiting()`` every compile runs on this thread, so
