@@ -5,6 +5,7 @@ cache, before the timing pass runs alone on the device.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -20,13 +21,16 @@ def worker_share() -> tuple[int, int] | None:
     return None
 
 
-def compile_then_time(script: str, out: str, workers: int,
-                      run: Callable[[bool, tuple[int, int] | None], Any]) -> Any:
-    """As a worker: ``run(False, share)`` (launch only). Otherwise start ``workers``
-    workers of ``script``, report the ones that failed, then ``run(True, None)``."""
+def compile_then_time(script: str, run: Callable[[bool, tuple[int, int] | None], Any],
+                      default_workers: int) -> Any:
+    """As a worker: ``run(False, share)`` (launch only). Otherwise start ``SWEEP_WORKERS``
+    (default ``default_workers``) workers of ``script`` with its output folder
+    (``sys.argv[1]``), report the ones that failed, then ``run(True, None)``."""
     share = worker_share()
     if share is not None:
         return run(False, share)
+    out = sys.argv[1]
+    workers = int(os.environ.get("SWEEP_WORKERS", str(default_workers)))
     t0 = time.time()
     logs = tempfile.mkdtemp()
     procs = [subprocess.Popen([sys.executable, script, out, "--compile", str(i), str(workers)],

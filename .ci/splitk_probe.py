@@ -117,8 +117,7 @@ def run(timing: bool, share: tuple[int, int] | None) -> list[dict[str, Any]]:
 
 def main() -> None:
     gemsops.mm  # noqa: B018 - loads the op declarations
-    workers = 1 if TINY else int(os.environ.get("SWEEP_WORKERS", "14"))
-    compile_then_time(__file__, sys.argv[1], workers, run)
+    compile_then_time(__file__, run, 1 if TINY else 14)
 
 
 if __name__ == "__main__":

@@ -195,8 +195,7 @@ def report(rec: dict[str, Any]) -> None:
 
 def main() -> None:
     gemsops.mm  # noqa: B018 - loads the op declarations
-    workers = 1 if TINY else int(os.environ.get("SWEEP_WORKERS", "14"))
-    compile_then_time(__file__, sys.argv[1], workers, run)
+    compile_then_time(__file__, run, 1 if TINY else 14)
 
 
 if __name__ == "__main__":

@@ -318,7 +318,7 @@ def report(rec: dict[str, Any]) -> None:
 def main() -> None:
     out = sys.argv[1]
     gemsops.mm  # noqa: B018 - loads the op declarations
-    results = compile_then_time(__file__, out, int(os.environ.get("SWEEP_WORKERS", "12")), run)
+    results = compile_then_time(__file__, run, 12)
     if results is not None and worker_share() is None:
         with open(f"{out}/sweep-mm.json", "w") as fh:
             json.dump(results, fh, indent=1)
