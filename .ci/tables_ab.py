@@ -46,12 +46,16 @@ def _steps() -> Any:
     return module
 
 
+A_FILE: list[str | None] = [None]  # --a: side a's file (None: the shipped tables)
+
+
 def _use(side: str, b_file: str) -> None:
     """Make ``side``'s tuning source current: a new tuning generation."""
-    if side == "a":
+    chosen = A_FILE[0] if side == "a" else b_file
+    if chosen is None:
         os.environ.pop("GEMS_TUNE_CONFIG", None)
     else:
-        os.environ["GEMS_TUNE_CONFIG"] = b_file
+        os.environ["GEMS_TUNE_CONFIG"] = chosen
     tune.clear_cache()
 
 
@@ -168,6 +172,9 @@ def _summary(what: str, rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--b", required=True, help="the tuning file to set against the shipped tables")
+    p.add_argument("--a", default=None,
+                   help="a file standing in for the shipped tables on side a (an older "
+                        "nvidia-sm90.toml, for a before/after in one call)")
     p.add_argument("--what", default="bench,models")
     p.add_argument("--models", default="llama,gpt2,bert,vit")
     p.add_argument("--rounds", type=int, default=3)
@@ -180,11 +187,14 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     if not Path(a.b).is_file():
         p.error(f"--b {a.b!r}: no such file")
+    if a.a is not None and not Path(a.a).is_file():
+        p.error(f"--a {a.a!r}: no such file")
+    A_FILE[0] = a.a
     parts = a.what.split(",")
     unknown = sorted(set(parts) - {"bench", "models"})
     if unknown:
         p.error(f"--what {unknown[0]!r}: valid parts are bench, models")
-    result: dict[str, Any] = {"b": a.b}
+    result: dict[str, Any] = {"a": a.a or "shipped", "b": a.b}
     if "bench" in parts:
         timer = _do_bench if torch.cuda.is_available() else _wall
         result["bench"] = bench_rows(a.b, a.rounds, a.tiny, a.limit, timer)
