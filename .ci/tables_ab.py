@@ -98,8 +98,32 @@ def bench_rows(b_file: str, rounds: int, tiny: bool, limit: int | None,
     return out
 
 
+def _device_ms(steps: Any, model: Any, inputs: Any, opt: Any, gems: bool) -> float:
+    """One side's device time a step (the profiler's kernel time over 3 steps, after
+    the compiles are done): what the tables change, without the host's noise."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps._median_ms(model, inputs, opt, 2, gems=gems)  # compiles finished, warm
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            steps._step(model, inputs, opt)
+        torch.cuda.synchronize()
+    total = 0.0
+    for ev in prof.key_averages():
+        dt = getattr(ev, "self_device_time_total", 0.0) or getattr(ev, "self_cuda_time_total", 0)
+        total += max(float(dt), 0.0)
+    return total / 3 / 1e3
+
+
+def _timed(steps: Any, model: Any, inputs: Any, opt: Any, repeats: int, measure: str,
+           gems: bool) -> float:
+    if measure == "device":
+        return _device_ms(steps, model, inputs, opt, gems)
+    return float(steps._median_ms(model, inputs, opt, repeats, gems=gems))
+
+
 def model_rows(b_file: str, rounds: int, models: list[str], repeats: int,
-               profile: bool = False) -> list[dict[str, Any]]:
+               profile: bool = False, measure: str = "wall") -> list[dict[str, Any]]:
     steps = _steps()
     out = []
     for name in models:
@@ -107,12 +131,12 @@ def model_rows(b_file: str, rounds: int, models: list[str], repeats: int,
         times: dict[str, list[float]] = {"torch": [], "a": [], "b": []}
         paired = []
         for order in _orders(rounds):
-            times["torch"].append(steps._median_ms(model, inputs, opt, repeats))
+            times["torch"].append(_timed(steps, model, inputs, opt, repeats, measure, False))
             got = {}
             for side in order:
                 _use(side, b_file)
                 with gemsops.use_gems():
-                    got[side] = steps._median_ms(model, inputs, opt, repeats, gems=True)
+                    got[side] = _timed(steps, model, inputs, opt, repeats, measure, True)
                 times[side].append(got[side])
             paired.append(got["a"] / got["b"])
         row = _row(name, times, paired)
@@ -176,6 +200,9 @@ def main(argv: list[str]) -> int:
                    help="a file standing in for the shipped tables on side a (an older "
                         "nvidia-sm90.toml, for a before/after in one call)")
     p.add_argument("--what", default="bench,models")
+    p.add_argument("--measure", choices=("wall", "device"), default="wall",
+                   help="models: a step's wall time (median of --repeats), or its device "
+                        "time (the profiler's kernel time: host-bound steps on a noisy host)")
     p.add_argument("--models", default="llama,gpt2,bert,vit")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
@@ -201,7 +228,8 @@ def main(argv: list[str]) -> int:
         _summary("bench", result["bench"])
     if "models" in parts:
         result["models"] = model_rows(a.b, a.rounds, a.models.split(","), a.repeats,
-                                      a.profile)
+                                      a.profile, a.measure)
+        result["measure"] = a.measure
         _summary("models", result["models"])
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))

@@ -337,7 +337,8 @@ def test_to_copy_and_clone_replay_the_new_values() -> None:
 def test_attention_forward_and_backward_replay_with_a_workspace() -> None:
     """The attention forward (output and logsumexp, a view of its own statistics) and
     its backward (a row-statistics workspace written before it is read) replay with the
-    new tensors; a bool mask (made into a bias by torch calls) is never kept."""
+    new tensors; a bool mask (read by the kernels as it is stored) is kept too, and a
+    replay reads the new call's mask."""
     from gemsops.ops.attention import sdpa
 
     dev = target_device()
@@ -354,9 +355,16 @@ def test_attention_forward_and_backward_replay_with_a_workspace() -> None:
             assert r.grad is not None
             assert_close(got, r.grad, reduce_size=16)
     assert replay.kept() == 2
-    mask = torch.ones(8, 8, dtype=torch.bool, device=dev).tril()
-    sdpa.flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask)
-    assert replay.kept() == 2
+    for seed in range(3):
+        # A different mask each call (same layout): the replay must read each one.
+        gen = torch.Generator().manual_seed(10 + seed)
+        mask = torch.rand(8, 8, generator=gen) < 0.6
+        mask[:, 0] = True  # every query sees a key
+        out, _ = sdpa.flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask.to(dev))
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.double().cpu(), k.double().cpu(), v.double().cpu(), attn_mask=mask)
+        assert_close(out, want, reduce_size=8)
+    assert replay.kept() == 3
 
 
 def test_a_result_with_numbers_and_none_replays_them() -> None:
@@ -400,8 +408,8 @@ def test_dropout_backward_replays_and_a_mask_in_another_layout_runs_as_written()
 
 def test_efficient_attention_with_a_padding_bias_replays_its_forward() -> None:
     """The efficient forward with a float bias (BERT's padding mask) replays with the new
-    tensors; a logsumexp with padding columns (filled by a torch call) and a bool mask
-    (made into a bias by torch calls) are never kept."""
+    tensors; a logsumexp with padding columns (filled by a torch call) is never kept,
+    and a bool mask (read by the kernels as it is stored) is."""
     from gemsops.ops.attention import sdpa
 
     dev = target_device()
@@ -422,6 +430,12 @@ def test_efficient_attention_with_a_padding_bias_replays_its_forward() -> None:
     assert replay.kept() == 1
     q33 = torch.randn(1, 2, 33, 16).to(dev)
     sdpa.efficient_attention(q33, q33, q33, None, True, 0.0, False)
-    sdpa.efficient_attention(q, k, v, torch.ones(32, 32, dtype=torch.bool, device=dev),
-                             True, 0.0, False)
     assert replay.kept() == 1
+    for cut in (20, 28):
+        mask = torch.ones(32, 32, dtype=torch.bool)
+        mask[:, cut:] = False
+        out, _, _, _ = sdpa.efficient_attention(q, k, v, mask.to(dev), True, 0.0, False)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.double().cpu(), k.double().cpu(), v.double().cpu(), attn_mask=mask)
+        assert_close(out, want, reduce_size=32)
+    assert replay.kept() == 2

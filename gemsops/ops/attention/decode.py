@@ -58,6 +58,7 @@ from torch import Tensor
 
 import gemshal
 from gemshal.kernel import kernel
+from gemsops.ops.attention.kernels import bias_term
 from gemsops.ops.grid import cdiv, next_power_of_2
 
 __all__ = [
@@ -179,7 +180,7 @@ def attention_decode_kernel(
         if HAS_BIAS:
             bias = tl.load(bias_rows[:, None] + cols[None, :] * sbn,
                            mask=valid[:, None] & mask_n[None, :], other=0.0)
-            s += bias.to(tl.float32) * LOG2E
+            s += bias_term(bias)
         keep = mask_n[None, :]
         if CAUSAL:
             keep = keep & (cols[None, :] <= i[:, None])

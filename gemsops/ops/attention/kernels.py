@@ -30,10 +30,22 @@ import triton.language as tl
 from gemshal.kernel import kernel
 
 __all__ = ["attention_bwd_dkdv_kernel", "attention_bwd_dq_kernel", "attention_bwd_pre_kernel",
-           "attention_dropout_mask_kernel", "attention_fwd_kernel", "dropout_keep"]
+           "attention_dropout_mask_kernel", "attention_fwd_kernel", "bias_term", "dropout_keep"]
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def bias_term(bias):
+    """A loaded bias tile as its term of the base-2 scores: a boolean mask (True:
+    attend) is read as it is stored, 0 where it attends and -inf where not (what torch's
+    SDPA makes of it, without converting it to an additive tensor first); an additive
+    bias is scaled by log2(e)."""
+    if bias.dtype == tl.int1:
+        return tl.where(bias, 0.0, float("-inf"))
+    else:
+        return bias.to(tl.float32) * LOG2E
 
 
 @triton.jit
@@ -97,7 +109,7 @@ def _fwd_blocks(
                 bias_mask = mask_m[:, None] & mask_n[None, :] if MASKED else mask_m[:, None]
                 bias = tl.load(bias_base + rows[:, None] * sbm + cols[None, :] * sbn,
                                mask=bias_mask, other=0.0)
-                s += bias.to(tl.float32) * LOG2E
+                s += bias_term(bias)
             if MASKED:
                 keep = mask_n[None, :]
                 if CAUSAL:
@@ -304,7 +316,7 @@ def _dkdv_blocks(
             tile = mask_m[None, :] & mask_n[:, None] if MASKED else mask_n[:, None]
             bias = tl.load(bias_base + rows[None, :] * sbm + cols[:, None] * sbn,
                            mask=tile, other=0.0)
-            pt = tl.exp2(st + bias.to(tl.float32) * LOG2E - lse2[None, :])
+            pt = tl.exp2(st + bias_term(bias) - lse2[None, :])
         else:
             pt = tl.exp2(st * qk_scale - lse2[None, :])
         if MASKED:
@@ -472,7 +484,7 @@ def _dq_blocks(
             tile = mask_m[:, None] & mask_n[None, :] if MASKED else mask_m[:, None]
             bias = tl.load(bias_base + rows[:, None] * sbm + cols[None, :] * sbn,
                            mask=tile, other=0.0)
-            p = tl.exp2(qk * qk_scale + bias.to(tl.float32) * LOG2E - lse2[:, None])
+            p = tl.exp2(qk * qk_scale + bias_term(bias) - lse2[:, None])
         else:
             p = tl.exp2(qk * qk_scale - lse2[:, None])
         if MASKED:

@@ -120,20 +120,19 @@ def _check(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0) ->
 
 
 def _bias(attn_bias: Tensor | None, query: Tensor, Lk: int) -> Tensor | None:
-    """The additive bias broadcast to [B, Hq, Lq, Lk] (a view), or None.
+    """The bias broadcast to [B, Hq, Lq, Lk] (a view), or None.
 
-    A boolean mask (True: attend) becomes 0 / -inf in the query's dtype, as torch's SDPA
-    converts it.
+    A boolean mask (True: attend) stays boolean: the kernels read it as 0 / -inf
+    (:func:`~gemsops.ops.attention.kernels.bias_term`), as torch's SDPA converts it, with
+    no conversion launched and nothing but the view made on the host.
     """
     if attn_bias is None:
         return None
     B, Hq, Lq, _ = query.shape
     if attn_bias.device != query.device or attn_bias.layout != torch.strided:
         raise Unsupported("attention mask on another device or layout")
-    if attn_bias.dtype == torch.bool:
-        attn_bias = torch.zeros(attn_bias.shape, dtype=query.dtype,
-                                device=query.device).masked_fill_(~attn_bias, float("-inf"))
-    elif not attn_bias.dtype.is_floating_point or attn_bias.dtype == torch.float64:
+    if attn_bias.dtype != torch.bool and (
+            not attn_bias.dtype.is_floating_point or attn_bias.dtype == torch.float64):
         raise Unsupported(f"attention mask of {attn_bias.dtype}")
     try:
         return attn_bias.expand(B, Hq, Lq, Lk)
@@ -302,32 +301,24 @@ def _no_varlen(*tensors: Tensor | None) -> None:
 # --- the aten overloads -------------------------------------------------------------
 
 
-def _no_bool_mask(*args: Any, **kwargs: Any) -> bool:
-    # A bool mask becomes an additive bias through torch calls (zeros, masked_fill_):
-    # not replayed. No mask, or a float one (a view of the input), is.
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, Tensor) and value.dtype == torch.bool:
-            return False
-    return True
-
-
 def _no_bias(*args: Any, **kwargs: Any) -> bool:
-    # Efficient attention's backward with a bias zeroes and reduces its gradient with
-    # torch calls: only the calls without one are replayed.
+    # Efficient attention's backward with an additive bias zeroes and reduces its
+    # gradient with torch calls: only the calls without one (or with a boolean mask,
+    # which has no gradient) are replayed.
     bias = kwargs.get("attn_bias", args[4] if len(args) > 4 else None)
-    return bias is None and _no_dropout(9, args, kwargs)
+    no_grad = bias is None or (isinstance(bias, Tensor) and bias.dtype == torch.bool)
+    return no_grad and _no_dropout(9, args, kwargs)
 
 
 def _efficient_replay(*args: Any, **kwargs: Any) -> bool:
     # The forward fills the logsumexp's padding columns (past Lq, up to a multiple of 32)
-    # with a torch call: replayed only where there are none, without dropout or a bool
-    # mask.
+    # with a torch call: replayed only where there are none, without dropout.
     query = kwargs.get("query", args[0] if args else None)
     lse = kwargs.get("compute_log_sumexp", args[4] if len(args) > 4 else False)
     if not isinstance(query, Tensor) or query.dim() != 4:
         return False
     padded = bool(lse) and query.shape[2] % LSE_ALIGN != 0
-    return not padded and _no_dropout(5, args, kwargs) and _no_bool_mask(*args, **kwargs)
+    return not padded and _no_dropout(5, args, kwargs)
 
 
 def _no_dropout(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -346,11 +337,11 @@ def _flash_backward_replay(*args: Any, **kwargs: Any) -> bool:
 
 
 def _cudnn_replay(*args: Any, **kwargs: Any) -> bool:
-    return _no_dropout(5, args, kwargs) and _no_bool_mask(*args, **kwargs)
+    return _no_dropout(5, args, kwargs)
 
 
 def _cudnn_backward_replay(*args: Any, **kwargs: Any) -> bool:
-    return _no_dropout(13, args, kwargs) and _no_bool_mask(*args, **kwargs)
+    return _no_dropout(13, args, kwargs)
 
 
 @op("_scaled_dot_product_flash_attention.default", public=False)
@@ -567,7 +558,7 @@ def _no_cpu_dropout(p: float) -> None:
 
 
 @op("_scaled_dot_product_flash_attention_for_cpu.default", public=False)
-@replayable(when=_no_bool_mask, workspaces=True)  # decode.forward's split workspace
+@replayable(workspaces=True)  # decode.forward's split workspace
 def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p: float = 0.0,
                             is_causal: bool = False, *, attn_mask: Tensor | None = None,
                             scale: float | None = None) -> tuple[Tensor, Tensor]:
@@ -589,7 +580,7 @@ def flash_attention_for_cpu(query: Tensor, key: Tensor, value: Tensor, dropout_p
 
 
 @op("_scaled_dot_product_flash_attention_for_cpu_backward.default", public=False)
-@replayable(when=_no_bool_mask, workspaces=True)
+@replayable(workspaces=True)
 def flash_attention_for_cpu_backward(grad_out: Tensor, query: Tensor, key: Tensor,
                                      value: Tensor, out: Tensor, logsumexp: Tensor,
                                      dropout_p: float, is_causal: bool, *,
