@@ -1,6 +1,6 @@
 """The weight-gradient products of a 768-wide linear as a user's torch.mm reaches them
-(gemsops on, compiles waited for), beside torch, in one process: the split-K rule's
-before/after check (run once per tree).
+(gemsops on, compiles waited for), beside torch, in one process, eager and replayed from
+a CUDA graph (kernel time): the split-K rule's before/after check (run once per tree).
 
     python3 .ci/mm_confirm.py LABEL
 """
@@ -19,10 +19,14 @@ for n, k, t in [(768, 768, 8192), (768, 768, 6304), (3072, 768, 8192), (2304, 76
     a = g.t()
     want = a.float() @ x.float()
     torch_us = triton.testing.do_bench(lambda: torch.mm(a, x), rep=100) * 1e3
+    torch_graph = triton.testing.do_bench_cudagraph(lambda: torch.mm(a, x), rep=100) * 1e3
     with gemsops.use_gems():
         with waiting():
             got = torch.mm(a, x)
         ok = torch.allclose(got.float(), want, atol=1.0, rtol=0.05)
         gems_us = triton.testing.do_bench(lambda: torch.mm(a, x), rep=100) * 1e3
-    print(f"{sys.argv[1]}: wgrad {n}x{k} K{t}: torch {torch_us:.1f} us, gemsops {gems_us:.1f} us "
-          f"({torch_us / gems_us:.2f}x), matches torch: {ok}", flush=True)
+        gems_graph = triton.testing.do_bench_cudagraph(lambda: torch.mm(a, x), rep=100) * 1e3
+    print(f"{sys.argv[1]}: wgrad {n}x{k} K{t}: eager torch {torch_us:.1f} us, gemsops "
+          f"{gems_us:.1f} us ({torch_us / gems_us:.2f}x); graph replay torch {torch_graph:.1f} "
+          f"us, gemsops {gems_graph:.1f} us ({torch_graph / gems_graph:.2f}x); matches torch: "
+          f"{ok}", flush=True)
