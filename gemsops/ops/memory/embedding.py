@@ -30,7 +30,7 @@ from torch import Tensor
 from gemshal.kernel import kernel
 from gemsops.declare import op
 from gemsops.errors import Unsupported
-from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, check_supported, tl_acc
+from gemsops.ops.dtypes import FLOAT_DTYPES, INT_DTYPES, acc_dtype, check_supported, tl_acc
 from gemsops.ops.grid import cdiv, next_power_of_2
 from gemsops.ops.higher_order import gems_backward, higher_order
 from gemsops.registry import running
@@ -86,6 +86,13 @@ def _zero_kernel(P, n, BLOCK: tl.constexpr):
     tl.store(P + offs, tl.zeros((BLOCK,), P.dtype.element_ty), mask=offs < n)
 
 
+SEG = 64
+"""Sorted positions a program of the backward walks at most: a long run of one index (a
+token-type table's 2 rows over a whole batch) is summed by many programs at once, a
+segment each, and their partial sums combined in position order by a second kernel.
+Fixed, not tuned, so the summation order is the same for every config."""
+
+
 @kernel("embedding_backward_rows", key=["D"])
 @triton.jit
 def _rows_kernel(
@@ -93,6 +100,8 @@ def _rows_kernel(
     Sorted,  # [n] indices in ascending order (a stable sort)
     Order,  # [n] int64: the position each sorted index came from
     Out,  # [V, D] zeroed result, contiguous
+    Part,  # [n_seg, 2, D] ACC: per segment, the head (a run continued) and tail partials
+    Count,  # [n_seg, 2] int64: the partials' row counts (written with SCALE)
     n,
     V,
     D,
@@ -100,12 +109,16 @@ def _rows_kernel(
     padding_idx,  # rows at this index get no gradient (-1: none, indices are >= 0)
     SCALE: tl.constexpr,  # divide each row by its index count
     ACC: tl.constexpr,  # float32, or float64 for float64 gradients
+    SEG: tl.constexpr,  # positions a program walks at most (segments of the sorted order)
     BLOCK_N: tl.constexpr,  # sorted positions read per step of a run
     BLOCK_D: tl.constexpr,
 ):
-    # The program of sorted position p writes out[sorted[p]] when p starts a run of equal
-    # indices: the run's gradient rows summed in sorted order (fixed: deterministic, and
-    # the same for every config), one column chunk per program along axis 1.
+    # The program of sorted position p works when p starts a run of equal indices or
+    # starts a segment (p % SEG == 0) inside one: it sums the run's gradient rows in
+    # sorted order up to the run's end or the segment's, one column chunk per program
+    # along axis 1. A run that starts and ends in one segment is written to out here; a
+    # run start whose run goes on writes the segment's tail partial, and a segment start
+    # inside a run its head partial, for _runs_kernel to combine.
     p = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cur = tl.load(Sorted + p).to(tl.int64)
@@ -113,17 +126,21 @@ def _rows_kernel(
     ok = (cur >= 0) & (cur < V)
     tl.device_assert(ok, "embedding index out of range")
     # An out-of-range index writes nothing (and its run is never walked).
-    start = ((p == 0) | (prev != cur)) & ok & (cur != padding_idx)
+    first = (p == 0) | (prev != cur)
+    seg = p // SEG
+    live = (first | (p % SEG == 0)) & ok & (cur != padding_idx)
+    limit = tl.minimum((seg + 1) * SEG, n)
     acc = tl.zeros((BLOCK_D,), ACC)
     count = p * 0  # int64 scalar
     q = p
-    go = start
+    go = live
     while go:
         # BLOCK_N positions a step, their loads independent (in flight together); rows
-        # past the run are masked off, and adding their 0.0 leaves the sum as it was.
+        # past the run or the segment are masked off, and adding their 0.0 leaves the
+        # sum as it was.
         for i in tl.static_range(BLOCK_N):
             at = q + i
-            inside = at < n
+            inside = at < limit
             same = inside & (tl.load(Sorted + at, mask=inside, other=0).to(tl.int64) == cur)
             pos = tl.load(Order + at, mask=same, other=0)
             src = G + pos * stride_gn + cols.to(tl.int64) * stride_gd
@@ -134,9 +151,69 @@ def _rows_kernel(
             count += same.to(tl.int64)
         q += BLOCK_N
         go = same  # the step's last position is still in the run: it may go on
+    # Whether the run goes on past this segment.
+    more = limit < n
+    crossed = more & (tl.load(Sorted + tl.minimum(limit, n - 1)).to(tl.int64) == cur)
+    whole = live & first & (crossed == 0)
     if SCALE:
-        acc = acc / tl.maximum(count, 1).to(ACC)
-    tl.store(Out + cur * D + cols, acc.to(Out.dtype.element_ty), mask=cols < tl.where(start, D, 0))
+        full = acc / tl.maximum(count, 1).to(ACC)
+    else:
+        full = acc
+    tl.store(Out + cur * D + cols, full.to(Out.dtype.element_ty), mask=cols < tl.where(whole, D, 0))
+    # The tail (slot 1) of a run that starts here and goes on; the head (slot 0) of a
+    # segment that a run entered from before.
+    slot = tl.where(first, 1, 0)
+    partial = live & (whole == 0)
+    tl.store(Part + (seg * 2 + slot) * D + cols, acc, mask=cols < tl.where(partial, D, 0))
+    if SCALE:
+        tl.store(Count + seg * 2 + slot, count, mask=partial)
+
+
+@kernel("embedding_backward_runs", key=["D"])
+@triton.jit
+def _runs_kernel(
+    Sorted,  # [n] indices in ascending order
+    Out,  # [V, D] result
+    Part,  # [n_seg, 2, D] ACC partials (_rows_kernel)
+    Count,  # [n_seg, 2] int64 counts (read with SCALE)
+    n,
+    n_seg,
+    V,
+    D,
+    padding_idx,
+    SCALE: tl.constexpr,
+    SEG: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # Segment s owns the run that crosses its end when that run started inside it: its
+    # tail partial, then each later segment's head while the run goes on, summed in
+    # that (position) order and written to out.
+    s = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    end = tl.minimum((s + 1) * SEG, n)  # the first position after segment s
+    last = tl.load(Sorted + end - 1).to(tl.int64)
+    nxt = tl.load(Sorted + tl.minimum(end, n - 1)).to(tl.int64)
+    before = tl.load(Sorted + tl.maximum(s * SEG - 1, 0)).to(tl.int64)
+    started_here = (s == 0) | (before != last)
+    own = (end < n) & (nxt == last) & started_here & (last >= 0) & (last < V) & (
+        last != padding_idx)
+    acc = tl.load(Part + (s * 2 + 1) * D + cols, mask=cols < tl.where(own, D, 0), other=0.0)
+    count = s * 0
+    if SCALE:
+        count = tl.load(Count + s * 2 + 1, mask=own, other=0)
+    t = s + 1
+    go = own
+    while go:
+        acc += tl.load(Part + (t * 2) * D + cols, mask=cols < D, other=0.0)
+        if SCALE:
+            count += tl.load(Count + t * 2)
+        t += 1
+        go = t < n_seg
+        if go:
+            go = tl.load(Sorted + t * SEG).to(tl.int64) == last
+    if SCALE:
+        acc = acc / tl.maximum(count, 1).to(acc.dtype)
+    tl.store(Out + last * D + cols, acc.to(Out.dtype.element_ty), mask=cols < tl.where(own, D, 0))
 
 
 def _check_indices(indices: Tensor, num: int) -> Tensor:
@@ -246,9 +323,22 @@ def embedding_dense_backward(grad_output: Tensor, indices: Tensor, num_weights: 
         g = grad_output.reshape(n, D)  # a view when the layout allows (strides go along)
         with running():  # torch's own stable sort, never one gemsops serves
             ordered, order = torch.sort(flat, stable=True)
+        n_seg = cdiv(n, SEG)
+        acc = tl_acc(grad_output.dtype)
+        scale = bool(scale_grad_by_freq)
+        # (One segment: no run crosses one and nothing is written to part; it is
+        # allocated anyway, so every call compiles to one kernel.)
+        part = torch.empty((n_seg, 2, D), dtype=acc_dtype(grad_output.dtype),
+                           device=out.device)
+        count = torch.empty((n_seg, 2), dtype=torch.int64, device=out.device) if scale \
+            else order  # read and written only with SCALE
         _rows_kernel[lambda meta: (n, cdiv(D, meta["BLOCK_D"]))](
-            g, ordered, order, out, n, V, D, *g.stride(), int(padding_idx),
-            SCALE=bool(scale_grad_by_freq), ACC=tl_acc(grad_output.dtype))
+            g, ordered, order, out, part, count, n, V, D, *g.stride(), int(padding_idx),
+            SCALE=scale, ACC=acc, SEG=SEG)
+        if n_seg > 1:
+            _runs_kernel[lambda meta: (n_seg, cdiv(D, meta["BLOCK_D"]))](
+                ordered, out, part, count, n, n_seg, V, D, int(padding_idx),
+                SCALE=scale, SEG=SEG)
     return out
 
 
