@@ -8,8 +8,11 @@ in its own dtype, sorts the indices stably (torch's sort, keeping each one's pos
 and the program of each sorted position that starts a run of equal indices sums that
 run's gradient rows in sorted order, in float32 (float64 for float64), divides by the
 run's length for ``scale_grad_by_freq``, skips ``padding_idx``'s run, and writes the row
-cast to the gradient dtype. The summation order is fixed by the stable sort (and the same
-for every config), so the result is deterministic: the backward is served under
+cast to the gradient dtype. A program walks at most one ``SEG``-position segment of the
+sorted order: a run that goes on past it (a token-type table's one index over the whole
+batch) is summed a segment per program, and a second kernel adds the segments' partial
+sums in order. The summation order is fixed by the stable sort and ``SEG`` (the same for
+every config), so the result is deterministic: the backward is served under
 ``torch.use_deterministic_algorithms(True)`` too.
 
 An index outside ``[0, num_weights)`` is an error in torch. Kernels never read or write
@@ -155,10 +158,7 @@ def _rows_kernel(
     more = limit < n
     crossed = more & (tl.load(Sorted + tl.minimum(limit, n - 1)).to(tl.int64) == cur)
     whole = live & first & (crossed == 0)
-    if SCALE:
-        full = acc / tl.maximum(count, 1).to(ACC)
-    else:
-        full = acc
+    full = acc / tl.maximum(count, 1).to(ACC) if SCALE else acc
     tl.store(Out + cur * D + cols, full.to(Out.dtype.element_ty), mask=cols < tl.where(whole, D, 0))
     # The tail (slot 1) of a run that starts here and goes on; the head (slot 0) of a
     # segment that a run entered from before.
