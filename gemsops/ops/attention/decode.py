@@ -35,10 +35,10 @@ flash-attention's split-KV heuristic uses).
 **When it serves** (:func:`takes`): no dropout (dropout calls keep the forward kernel,
 which draws its mask), at most :data:`MAX_ROWS` packed query rows per key/value head,
 and at least :data:`MIN_KEYS` keys. Causal masking (top-left aligned, key ``j`` visible
-to query ``i`` when ``j <= i``: tile rows have their own ``i``), an additive bias with
-any strides (stride 0 on broadcast dims, -inf entries allowed), fp16, bf16 and fp32
-(fp32 products follow torch's float32 matmul precision; the interpreter widens bf16
-tiles, ``UPCAST``) and any strides of q, k, v and the output are served.
+to query ``i`` when ``j <= i``: tile rows have their own ``i``), an additive bias or a
+boolean mask with any strides (stride 0 on broadcast dims, -inf entries allowed), fp16,
+bf16 and fp32 (fp32 products follow torch's float32 matmul precision; the interpreter
+widens bf16 tiles, ``UPCAST``) and any strides of q, k, v and the output are served.
 
 **Replay**: the workspace is allocated for each call (``torch.empty``) and every slot
 the combine reads is written by the split kernel first (a split with no visible key
@@ -257,7 +257,7 @@ def attention_decode_combine_kernel(
 def takes(query: Tensor, key: Tensor, bias: Tensor | None, dropout: Any) -> bool:
     """Whether this path serves a forward (checked inputs: 4-dim, ``Hq % Hkv == 0``):
     no dropout, at most :data:`MAX_ROWS` packed rows, at least :data:`MIN_KEYS` keys.
-    (``bias`` takes no part today: any additive bias is served.)"""
+    (``bias`` takes no part today: any additive bias or boolean mask is served.)"""
     if not ENABLED or dropout is not None:
         return False
     _, Hq, Lq, _ = query.shape

@@ -2,7 +2,8 @@
 
 Layout: every tensor is read through its (batch, head, row, col) strides, so the
 transposed views SDPA hands over ([B, L, H, D] memory seen as [B, H, L, D]) are never
-copied, and a broadcast attention bias has stride 0 on its broadcast dims. Query head
+copied, and a broadcast attention bias has stride 0 on its broadcast dims; a boolean
+mask is read as it is stored (:func:`bias_term`: 0 where True, -inf where False). Query head
 ``h`` reads key/value head ``h // GROUP`` (grouped-query attention).
 
 Scores are kept in base 2: ``s2 = (q . k) * scale * log2(e) + bias * log2(e)``, so the
