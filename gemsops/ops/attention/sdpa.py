@@ -474,7 +474,8 @@ def efficient_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, v
         raise Unsupported("log_sumexp holds fewer than Lq columns")
     drop = regenerate(p, query, philox_seed, philox_offset) if p > 0.0 else None
     bias = _bias(attn_bias, query, Lk)
-    want_bias = bias is not None and bool(grad_input_mask[3])
+    # A boolean mask has no gradient (torch gives none for it either).
+    want_bias = bias is not None and bias.dtype != torch.bool and bool(grad_input_mask[3])
     dq, dk, dv, dbias = _backward(grad_out, query, key, value, bias, out,
                                   logsumexp[..., :Lq], is_causal, _scale(scale, D), want_bias,
                                   drop)
