@@ -158,7 +158,9 @@ def _rows_kernel(
     more = limit < n
     crossed = more & (tl.load(Sorted + tl.minimum(limit, n - 1)).to(tl.int64) == cur)
     whole = live & first & (crossed == 0)
-    full = acc / tl.maximum(count, 1).to(ACC) if SCALE else acc
+    full = acc
+    if SCALE:
+        full = acc / tl.maximum(count, 1).to(ACC)
     tl.store(Out + cur * D + cols, full.to(Out.dtype.element_ty), mask=cols < tl.where(whole, D, 0))
     # The tail (slot 1) of a run that starts here and goes on; the head (slot 0) of a
     # segment that a run entered from before.
