@@ -19,8 +19,9 @@ before any launch is a ``host`` line, counted as a failure too; a call the host 
 on purpose, ``Unsupported``, is a ``skip`` line). Not a test: CI need not have Triton's
 CUDA backend.
 
-Families: attention (forward and backward: causal or not, a bias, dropout, GQA, one query
-row, SDPA's transposed layout, bf16 and fp32), dropout, math, rounding, binary_math,
+Families: attention (forward and backward: causal or not, an additive bias or a boolean
+mask, dropout, GQA, one query row, SDPA's transposed layout, bf16 and fp32), embedding
+(the backward's one-segment and long-run launches), dropout, math, rounding, binary_math,
 activation_extra (the flat pointwise template with OP = each element function,
 float32 / bfloat16 / float64 and integer inputs where the record takes them), spread
 (vector norms), sort, put, isin, fill, sample, optim (fused AdamW and SGD, a foreach
@@ -318,21 +319,25 @@ def _attention_cases() -> list[Case]:
         return _t(b, h, length, d, dtype=dtype)
 
     def forward_backward(b: int, hq: int, hkv: int, lq: int, lk: int, d: int, dtype: Any,
-                         causal: bool, bias: bool, p: float, blhd: bool) -> None:
+                         causal: bool, bias: Any, p: float, blhd: bool) -> None:
         q = heads(b, hq, lq, d, dtype, blhd)
         k, v = heads(b, hkv, lk, d, dtype, blhd), heads(b, hkv, lk, d, dtype, blhd)
-        mask = _t(b, 1, lq, lk, dtype=dtype) if bias else None
+        if bias == "bool":  # a boolean padding mask, read by the kernels as stored
+            mask = _t(b, 1, 1, lk, dtype=torch.bool).expand(b, hq, lq, lk)
+        else:
+            mask = _t(b, 1, lq, lk, dtype=dtype) if bias else None
         out = torch.empty_like(q)
         lse = _t(b, hq, lq)
         drop = draw(p, q.device)[1] if p else None
         sdpa._forward(q, k, v, mask, causal, d ** -0.5, out, lse, drop)
         sdpa._backward(torch.empty_like(out), q, k, v, mask, out, lse, causal, d ** -0.5,
-                       bias_grad=bias, drop=drop)
+                       bias_grad=bias is True, drop=drop)
 
     cases: list[Case] = []
     for dtype in (torch.bfloat16, torch.float32):
         for causal in (False, True):
-            for bias, p in ((False, 0.0), (True, 0.0), (False, 0.1)):
+            for bias, p in ((False, 0.0), (True, 0.0), (False, 0.1), ("bool", 0.0),
+                            ("bool", 0.1)):
                 if causal and bias:
                     continue
                 for b, hq, hkv, lq, lk, d, blhd in ((2, 8, 8, 512, 512, 64, True),
@@ -342,6 +347,25 @@ def _attention_cases() -> list[Case]:
                              f" bias={bias} p={p} {'blhd' if blhd else 'bhld'}")
                     cases.append((label, _bind(forward_backward, b, hq, hkv, lq, lk, d,
                                                dtype, causal, bias, p, blhd)))
+    return cases
+
+
+def _embedding_cases() -> list[Case]:
+    """The embedding backward: one segment (no run crosses one) and a long run of one
+    index over many segments (BERT's token types), with and without scale_grad_by_freq."""
+    import torch
+
+    from gemsops.ops.memory import embedding
+
+    cases: list[Case] = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for n, num in ((40, 30522), (2048, 2)):
+            for scale in (False, True):
+                g = _t(n, 768, dtype=dtype)
+                idx = _t(n, dtype=torch.int64)
+                cases.append((f"embedding_dense_backward {dtype} {n} of {num} scale={scale}",
+                              _bind(embedding.embedding_dense_backward, g, idx, num, -1,
+                                    scale)))
     return cases
 
 
@@ -382,6 +406,7 @@ def _reduce_cases() -> list[Case]:
 FAMILIES: dict[str, Callable[[], list[Case]]] = {
     "reduce": _reduce_cases,
     "attention": _attention_cases,
+    "embedding": _embedding_cases,
     "dropout": _dropout_cases,
     "math": lambda: _pointwise_cases("math"),
     "rounding": lambda: _pointwise_cases("rounding"),
