@@ -188,8 +188,9 @@ def _summary(what: str, rows: list[dict[str, Any]]) -> None:
         return
     ratios = [r["paired_a_over_b"] for r in rows]
     worst = max(rows, key=lambda r: r["paired_a_over_b"])
-    print(f"{what}: a/b (a: {A_FILE[0] or 'shipped'}) over {len(rows)} rows: median {statistics.median(ratios):.4f}, "
-          f"max {worst['paired_a_over_b']:.4f} ({worst['case']}), rows above 1.03: "
+    side_a = A_FILE[0] or "shipped"
+    print(f"{what}: a/b (a: {side_a}) over {len(rows)} rows: "
+          f"median {statistics.median(ratios):.4f}, max {worst['paired_a_over_b']:.4f} ({worst['case']}), rows above 1.03: "
           f"{sum(r > 1.03 for r in ratios)}", flush=True)
 
 
