@@ -190,8 +190,8 @@ def _summary(what: str, rows: list[dict[str, Any]]) -> None:
     worst = max(rows, key=lambda r: r["paired_a_over_b"])
     side_a = A_FILE[0] or "shipped"
     print(f"{what}: a/b (a: {side_a}) over {len(rows)} rows: "
-          f"median {statistics.median(ratios):.4f}, max {worst['paired_a_over_b']:.4f} ({worst['case']}), rows above 1.03: "
-          f"{sum(r > 1.03 for r in ratios)}", flush=True)
+          f"median {statistics.median(ratios):.4f}, max {worst['paired_a_over_b']:.4f} "
+          f"({worst['case']}), rows above 1.03: {sum(r > 1.03 for r in ratios)}", flush=True)
 
 
 def main(argv: list[str]) -> int:
