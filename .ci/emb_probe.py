@@ -23,7 +23,7 @@ for name, V, n, kind in [("word", 30522, 2048, "random"), ("position", 512, 2048
     idx = idx.cuda()
     g = torch.randn(n, D, device="cuda", dtype=torch.bfloat16)
 
-    def fn() -> torch.Tensor:
+    def fn(g: torch.Tensor = g, idx: torch.Tensor = idx, V: int = V) -> torch.Tensor:
         return torch.ops.aten.embedding_dense_backward(g, idx, V, -1, False)
 
     want = fn().float()
