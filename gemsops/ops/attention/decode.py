@@ -77,7 +77,6 @@ __all__ = [
     "takes",
 ]
 
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
 ENABLED = True
