@@ -56,6 +56,6 @@ for p in (0.0, 0.1):
                 t = time.perf_counter()
                 once()
                 ts.append(time.perf_counter() - t)
-        ops = {name: round(statistics.median(v) / 1e3, 1) for name, v in times.items()}
+        ops = {name: round(statistics.median(ns) / 1e3, 1) for name, ns in times.items()}
         print(f"p={p} mask={bias is not None}: forward + backward "
               f"{statistics.median(ts) * 1e6:.1f} us; {ops}; handed back {dict(rec.fallbacks)}")
