@@ -5,6 +5,10 @@ call would launch its nearest row's config), the row is inserted at the end of t
 `table` in gemsops/tune/nvidia-sm90.toml, after one comment naming TUNED. Rows the
 shipped tables name exactly are left as they are (a dedicated sweep may have chosen
 them), and so are ops without an sm90 table. --dry-run prints what would be added.
+--replace also replaces, in place, each shipped row that names TUNED's bucket exactly but
+launches another config (the row line is matched by its parsed value), for issue 23's
+3% rule where a fresh runtime tune beats a row. --out writes the result to another file
+(a candidate table to measure with `.ci/tables_ab.py --a`), not the shipped one.
 
     python .ci/merge_rows.py docs/gpu/s19/h100-d-tuned.toml --skip attention_fwd --note "..."
 """
@@ -12,7 +16,9 @@ them), and so are ops without an sm90 table. --dry-run prints what would be adde
 from __future__ import annotations
 
 import argparse
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import gemsops  # noqa: F401  (registers gemsops' tuning directories)
 from gemshal import registry, tune
@@ -44,6 +50,62 @@ def missing_rows(tuned_path: Path, skip: set[str]) -> dict[str, list[str]]:
     return out
 
 
+def replaced_rows(tuned_path: Path, skip: set[str]) -> dict[str, list[tuple[Any, str]]]:
+    """Per op, (the shipped row's value, TUNED's row line) where the shipped tables name
+    TUNED's bucket exactly with another config."""
+    ctx = tune.context_for(registry.vendor("nvidia"), "sm90", interpreter=False)
+    tuned = loads(tuned_path.read_text(), TuneSource(path=tuned_path, level="user", origin="tuned"))
+    out: dict[str, list[tuple[Any, str]]] = {}
+    for op, entry in tuned.ops.items():
+        if op in skip:
+            continue
+        try:
+            shipped = tune.lookup(op, context=ctx)
+        except Exception:  # an op the shipped files do not know: skip it
+            continue
+        if shipped.source.path != SM90 or not shipped.table:
+            continue
+        for row in entry.table:
+            found, exact = nearest_row(shipped.table, dict(row.when), row.dtype)
+            if not exact or found is None:
+                continue
+            if found.config.identity() == row.config.identity():
+                continue
+            # The shipped row stays when it names more keys than TUNED's (it serves a
+            # narrower bucket TUNED did not measure alone).
+            if set(dict(found.when)) != set(dict(row.when)):
+                continue
+            out.setdefault(op, []).append(
+                (found.as_dict(), f"    {_toml_value(row.as_dict())},"))
+    return out
+
+
+def _parsed(line: str) -> Any:
+    body = line.strip().rstrip(",")
+    if not body.startswith("{"):
+        return None
+    try:
+        return tomllib.loads(f"x = {body}")["x"]
+    except tomllib.TOMLDecodeError:
+        return None
+
+
+def replace(text: str, rows: dict[str, list[tuple[Any, str]]], note: str) -> tuple[str, int]:
+    lines = text.splitlines()
+    done = 0
+    for op, pairs in rows.items():
+        start = lines.index(f"[ops.{op}]")
+        table = next(i for i in range(start, len(lines)) if lines[i] == "table = [")
+        end = next(i for i in range(table, len(lines)) if lines[i] == "]")
+        for old, new in pairs:
+            for i in range(table + 1, end):
+                if _parsed(lines[i]) == old:
+                    lines[i] = f"{new}  # {note}"
+                    done += 1
+                    break
+    return "\n".join(lines) + "\n", done
+
+
 def insert(text: str, rows: dict[str, list[str]], note: str) -> str:
     lines = text.splitlines()
     for op, new in rows.items():
@@ -60,14 +122,27 @@ def main() -> None:
     p.add_argument("--skip", default="", help="comma-separated ops to leave alone")
     p.add_argument("--note", required=True, help="the comment put above each op's new rows")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--replace", action="store_true",
+                   help="also replace exact rows whose config differs from TUNED's")
+    p.add_argument("--out", type=Path, default=SM90, help="where to write (default: in place)")
     args = p.parse_args()
-    rows = missing_rows(args.tuned, {s for s in args.skip.split(",") if s})
+    skip = {s for s in args.skip.split(",") if s}
+    rows = missing_rows(args.tuned, skip)
     for op, new in rows.items():
-        print(f"{op}: {len(new)} rows")
+        print(f"{op}: {len(new)} rows added")
         if args.dry_run:
             print("\n".join(new))
+    text = insert(SM90.read_text(), rows, args.note)
+    if args.replace:
+        swaps = replaced_rows(args.tuned, skip)
+        text, done = replace(text, swaps, args.note)
+        for op, pairs in swaps.items():
+            print(f"{op}: {len(pairs)} rows replaced")
+            if args.dry_run:
+                print("\n".join(f"    was {old}\n{new}" for old, new in pairs))
+        print(f"{done} of {sum(len(v) for v in swaps.values())} replaced rows found by value")
     if not args.dry_run:
-        SM90.write_text(insert(SM90.read_text(), rows, args.note))
+        args.out.write_text(text)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@ them is marked ``wrong result``). Compiling dominates, so worker processes first
 their share of the candidates (filling Triton's cache); the timing pass then runs alone.
 Writes OUT_DIR/sweep-attn.json after every case and prints the best configs per kernel.
 ``SWEEP_TINY=1``: a dry run of the logic on small shapes (the interpreter on a CPU box).
+``SWEEP_CASES=dropout``: BERT's and GPT-2's training calls instead, with attention
+dropout 0.1 (BERT's with its boolean padding mask): the rows the kernels' ``DROPOUT``
+key selects.
 """
 from __future__ import annotations
 
@@ -49,6 +52,14 @@ CASES = [("tiny 1x2x64x64x16 causal", 1, 2, 2, 64, 64, 16, True)] if TINY else [
     ("vit-b16 32x12x197x197x64", 32, 12, 12, 197, 197, 64, False),
     ("issue-25 4x16x2048x2048x128", 4, 16, 16, 2048, 2048, 128, False),
 ]
+# (..., causal, boolean padding mask, dropout probability): the dropout cases.
+DROPOUT_CASES = [
+    ("bert-base 16x12x512x512x64 mask dropout 0.1", 16, 12, 12, 512, 512, 64, False, True, 0.1),
+    ("gpt2 8x12x1024x1024x64 causal dropout 0.1", 8, 12, 12, 1024, 1024, 64, True, False, 0.1),
+]
+if os.environ.get("SWEEP_CASES") == "dropout":
+    CASES = [("tiny 1x2x64x64x16 mask dropout", 1, 2, 2, 64, 64, 16, False, True, 0.1)] \
+        if TINY else DROPOUT_CASES
 
 
 def candidates() -> list[dict[str, Any]]:
@@ -71,15 +82,28 @@ def bench(fn: Any) -> float:
     return float(triton.testing.do_bench(fn, warmup=5, rep=25, return_mode="median"))
 
 
+def _mask_of(case: tuple[Any, ...]) -> torch.Tensor | None:
+    """A dropout case's boolean padding mask [B, 1, 1, Lk] (every other sequence's last
+    eighth of keys masked), None for the others."""
+    if len(case) < 10 or not case[8]:
+        return None
+    mask = torch.ones(case[1], 1, 1, case[5], dtype=torch.bool, device=DEV)
+    mask[::2, ..., case[5] - case[5] // 8:] = False
+    return mask
+
+
 def make(case: tuple[Any, ...]) -> tuple[Any, Any, tuple[torch.Tensor, ...]]:
-    _, b, hq, hkv, lq, lk, d, causal = case
+    _, b, hq, hkv, lq, lk, d, causal = case[:8]
+    p = case[9] if len(case) > 9 else 0.0
+    mask = _mask_of(case)
     q = torch.randn(b, hq, lq, d, device=DEV, dtype=DT, requires_grad=True)
     k = torch.randn(b, hkv, lk, d, device=DEV, dtype=DT, requires_grad=True)
     v = torch.randn(b, hkv, lk, d, device=DEV, dtype=DT, requires_grad=True)
     gqa = hq != hkv
 
     def fwd() -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
+                                              is_causal=causal, enable_gqa=gqa)
 
     grad = torch.randn(b, hq, lq, d, device=DEV, dtype=DT)
 
@@ -95,16 +119,21 @@ def launches(fwd: Any, case: tuple[Any, ...],
     backward is called here, not through autograd, whose device thread a recording on
     this one would not see."""
     from gemsops.ops.attention import sdpa
+    from gemsops.ops.attention.dropout import draw
 
-    with registry.use_gems(), waiting(), recording() as rec:
-        with torch.no_grad():
-            fwd()
-    out, lse = next(args[4:6] for kernel, _, args, _ in rec.launches
-                    if kernel.op == "attention_fwd")
+    p = case[9] if len(case) > 9 else 0.0
+    mask = _mask_of(case)
     q, k, v = (t.detach() for t in inputs)
+    if mask is not None:
+        mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    drop = draw(p, q.device)[1] if p else None
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    with registry.use_gems(), waiting(), recording() as rec:
+        sdpa._forward(q, k, v, mask, case[7], case[6] ** -0.5, out, lse, drop)
     with registry.use_gems(), waiting(), recording() as rec_b:
-        sdpa._backward(torch.randn_like(out), q, k, v, None, out, lse, case[7],
-                       case[6] ** -0.5)
+        sdpa._backward(torch.randn_like(out), q, k, v, mask, out, lse, case[7],
+                       case[6] ** -0.5, drop=drop)
     rec.launches.extend(rec_b.launches)
     seen: dict[str, tuple[Any, Any, tuple[Any, ...], Any]] = {}
     for kernel, grid, args, kwargs in rec.launches:
