@@ -1,8 +1,10 @@
 """Fill the buckets the shipped sm90 tables do not name from a `gemsops tune` file.
 
 For every table row of TUNED whose bucket has no exact row in the shipped tables (the
-call would launch its nearest row's config), the row is inserted at the end of that op's
-`table` in gemsops/tune/nvidia-sm90.toml, after one comment naming TUNED. Rows the
+call would launch its nearest row's config), or whose exact row names fewer keys and
+launches another config (TUNED's row is then the narrower bucket), the row is inserted
+at the end of that op's `table` in gemsops/tune/nvidia-sm90.toml, after one comment
+naming TUNED. Rows the
 shipped tables name exactly are left as they are (a dedicated sweep may have chosen
 them), and so are ops without an sm90 table. --dry-run prints what would be added.
 --replace also replaces, in place, each shipped row that names TUNED's bucket exactly but
@@ -44,8 +46,13 @@ def missing_rows(tuned_path: Path, skip: set[str]) -> dict[str, list[str]]:
         if shipped.source.path != SM90 or not shipped.table:
             continue
         for row in entry.table:
-            _, exact = nearest_row(shipped.table, dict(row.when), row.dtype)
-            if not exact:
+            found, exact = nearest_row(shipped.table, dict(row.when), row.dtype)
+            # A row naming more keys than the exact shipped one is a narrower bucket (the
+            # attention kernels' DROPOUT flag): added where its config differs.
+            narrower = (exact and found is not None
+                        and set(dict(found.when)) < set(dict(row.when))
+                        and found.config.identity() != row.config.identity())
+            if not exact or narrower:
                 out.setdefault(op, []).append(f"    {_toml_value(row.as_dict())},")
     return out
 
