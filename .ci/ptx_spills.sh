@@ -2,7 +2,7 @@
 # .ci/ptx_spills.sh DIR: per PTX file that `.ci/offline_compile.py --ptx DIR` wrote, the
 # config, registers, spill bytes (ptxas -v for sm_90a) and SASS instruction count
 # (cuobjdump), with the ptxas and cuobjdump bundled with Triton. No GPU needed.
-B=$(dirname $(/work/main/.venv/bin/python -c "import triton;print(triton.__file__)"))/backends/nvidia/bin
+B=$(dirname "$(${PYTHON:-python3} -c "import triton;print(triton.__file__)")")/backends/nvidia/bin
 for f in $1/*.ptx; do
   cfg=$(head -1 $f | grep -oP "DROPOUT=\S+|BLOCK_M=\d+ BLOCK_N=\d+ w\d+s\d+|BLOCK_M=\d+ w\d+s\d+" | tr '\n' ' ')
   k=$(basename $f .ptx | sed 's/-[0-9]*$//')
