@@ -619,8 +619,10 @@ def test_autotune_off_skips_configs_the_device_cannot_run(
 
 def test_shipped_tune_files_name_gemsops_kernels_and_their_arguments() -> None:
     """Every entry of every file in gemsops/tune names an op some gemsops kernel tunes
-    under, and every config sets only that kernel's arguments: a typo in a vendor file
-    (read only on that vendor's machines) fails here, on any machine."""
+    under, every config sets only that kernel's arguments, and every table row names
+    only keys of that kernel's key (a row naming an argument outside it, such as a flag
+    dropped from the key, would be refused on the device): a typo in a vendor file (read
+    only on that vendor's machines) fails here, on any machine."""
     from pathlib import Path
 
     import gemsops.ops
@@ -630,8 +632,10 @@ def test_shipped_tune_files_name_gemsops_kernels_and_their_arguments() -> None:
 
     declare.load()  # imports every op module, subpackages included
     kernels: dict[str, set[str]] = {}
+    keys: dict[str, set[str]] = {}
     for kernel in list(_KERNELS):
         kernels.setdefault(kernel.op, set()).update(kernel.arg_names)
+        keys.setdefault(kernel.op, set()).update(kernel.keys)
     tune_dir = Path(gemsops.ops.__path__[0]).parent / "tune"
     files = sorted(tune_dir.glob("*.toml"))
     assert {f.name for f in files} >= {"default.toml", "nvidia.toml", "nvidia-sm90.toml"}
@@ -645,6 +649,9 @@ def test_shipped_tune_files_name_gemsops_kernels_and_their_arguments() -> None:
                            *rows):
                 unknown = {k for k, _ in config.meta} - kernels[op]
                 assert not unknown, f"{path.name}: [ops.{op}] sets {unknown}"
+            for i, row in enumerate(entry.table):
+                outside = {k for k, _ in row.when} - keys[op]
+                assert not outside, f"{path.name}: [ops.{op}] row {i} names {outside}"
 
 
 class _OnDeviceOne(torch.Tensor):
