@@ -19,23 +19,26 @@ from __future__ import annotations
 
 import argparse
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import gemsops  # noqa: F401  (registers gemsops' tuning directories)
 from gemshal import registry, tune
 from gemshal.kernel.plan import nearest_row
-from gemshal.tune_format import TuneSource, loads
+from gemshal.tune_format import TableRow, TuneSource, loads
 from gemsops.tune_run import _toml_value
 
 SM90 = Path(__file__).resolve().parent.parent / "gemsops" / "tune" / "nvidia-sm90.toml"
 
 
-def missing_rows(tuned_path: Path, skip: set[str]) -> dict[str, list[str]]:
-    """Per op, the TOML lines of TUNED's rows at buckets the shipped tables lack."""
+def _pairs(tuned_path: Path, skip: set[str]
+           ) -> Iterator[tuple[str, TableRow, TableRow | None, bool]]:
+    """(op, TUNED's row, the shipped sm90 row that bucket takes, exact) for every table row
+    of TUNED whose op has an sm90 table (ops in ``skip`` and ops the shipped files do
+    not know are left out)."""
     ctx = tune.context_for(registry.vendor("nvidia"), "sm90", interpreter=False)
     tuned = loads(tuned_path.read_text(), TuneSource(path=tuned_path, level="user", origin="tuned"))
-    out: dict[str, list[str]] = {}
     for op, entry in tuned.ops.items():
         if op in skip:
             continue
@@ -47,44 +50,45 @@ def missing_rows(tuned_path: Path, skip: set[str]) -> dict[str, list[str]]:
             continue
         for row in entry.table:
             found, exact = nearest_row(shipped.table, dict(row.when), row.dtype)
-            # A row naming more keys than the exact shipped one is a narrower bucket (the
-            # attention kernels' DROPOUT flag): added where its config differs.
-            narrower = (exact and found is not None
-                        and set(dict(found.when)) < set(dict(row.when))
-                        and found.config.identity() != row.config.identity())
-            if not exact or narrower:
-                out.setdefault(op, []).append(f"    {_toml_value(row.as_dict())},")
+            yield op, row, found, exact
+
+
+def _line(row: TableRow) -> str:
+    return f"    {_toml_value(row.as_dict())},"
+
+
+def missing_rows(tuned_path: Path, skip: set[str]) -> dict[str, list[str]]:
+    """Per op, the TOML lines of TUNED's rows at buckets the shipped tables lack."""
+    out: dict[str, list[str]] = {}
+    for op, row, found, exact in _pairs(tuned_path, skip):
+        # A row naming more keys than the exact shipped one is a narrower bucket (the
+        # attention kernels' DROPOUT flag): added where its config differs.
+        narrower = (exact and found is not None
+                    and set(dict(found.when)) < set(dict(row.when))
+                    and found.config.identity() != row.config.identity())
+        if not exact or narrower:
+            out.setdefault(op, []).append(_line(row))
     return out
 
 
 def replaced_rows(tuned_path: Path, skip: set[str]) -> dict[str, list[tuple[Any, str]]]:
     """Per op, (the shipped row's value, TUNED's row line) where the shipped tables name
-    TUNED's bucket exactly with another config."""
-    ctx = tune.context_for(registry.vendor("nvidia"), "sm90", interpreter=False)
-    tuned = loads(tuned_path.read_text(), TuneSource(path=tuned_path, level="user", origin="tuned"))
+    TUNED's bucket exactly, with the same keys, and another config (a shipped row naming
+    more keys than TUNED's serves a narrower bucket TUNED did not measure alone)."""
     out: dict[str, list[tuple[Any, str]]] = {}
-    for op, entry in tuned.ops.items():
-        if op in skip:
-            continue
-        try:
-            shipped = tune.lookup(op, context=ctx)
-        except Exception:  # an op the shipped files do not know: skip it
-            continue
-        if shipped.source.path != SM90 or not shipped.table:
-            continue
-        for row in entry.table:
-            found, exact = nearest_row(shipped.table, dict(row.when), row.dtype)
-            if not exact or found is None:
-                continue
-            if found.config.identity() == row.config.identity():
-                continue
-            # The shipped row stays when it names more keys than TUNED's (it serves a
-            # narrower bucket TUNED did not measure alone).
-            if set(dict(found.when)) != set(dict(row.when)):
-                continue
-            out.setdefault(op, []).append(
-                (found.as_dict(), f"    {_toml_value(row.as_dict())},"))
+    for op, row, found, exact in _pairs(tuned_path, skip):
+        if (exact and found is not None
+                and found.config.identity() != row.config.identity()
+                and set(dict(found.when)) == set(dict(row.when))):
+            out.setdefault(op, []).append((found.as_dict(), _line(row)))
     return out
+
+
+def _table_span(lines: list[str], op: str) -> tuple[int, int]:
+    """The line numbers of op's ``table = [`` and of its closing ``]``."""
+    start = lines.index(f"[ops.{op}]")
+    table = next(i for i in range(start, len(lines)) if lines[i] == "table = [")
+    return table, next(i for i in range(table, len(lines)) if lines[i] == "]")
 
 
 def _parsed(line: str) -> Any:
@@ -101,9 +105,7 @@ def replace(text: str, rows: dict[str, list[tuple[Any, str]]], note: str) -> tup
     lines = text.splitlines()
     done = 0
     for op, pairs in rows.items():
-        start = lines.index(f"[ops.{op}]")
-        table = next(i for i in range(start, len(lines)) if lines[i] == "table = [")
-        end = next(i for i in range(table, len(lines)) if lines[i] == "]")
+        table, end = _table_span(lines, op)
         for old, new in pairs:
             for i in range(table + 1, end):
                 if _parsed(lines[i]) == old:
@@ -116,9 +118,7 @@ def replace(text: str, rows: dict[str, list[tuple[Any, str]]], note: str) -> tup
 def insert(text: str, rows: dict[str, list[str]], note: str) -> str:
     lines = text.splitlines()
     for op, new in rows.items():
-        start = lines.index(f"[ops.{op}]")
-        table = next(i for i in range(start, len(lines)) if lines[i] == "table = [")
-        end = next(i for i in range(table, len(lines)) if lines[i] == "]")
+        _, end = _table_span(lines, op)
         lines[end:end] = [f"    # {note}", *new]
     return "\n".join(lines) + "\n"
 
