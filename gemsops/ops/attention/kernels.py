@@ -51,6 +51,12 @@ def bias_term(bias):
 
 
 @triton.jit
+def _kept_halves(r, t):
+    """Whether the low and the high 16 bits of the 32-bit numbers ``r`` are ``>= t``."""
+    return (r & 0xFFFF) >= t, (r >> 16) >= t
+
+
+@triton.jit
 def dropout_keep(seed, offset, bh, rows, start_n, Lq, Lk, p, BLOCK_N: tl.constexpr):
     """The kept elements of rows ``rows`` and keys ``start_n .. start_n + BLOCK_N`` of
     head row ``bh = b * H + h``: a [len(rows), BLOCK_N] boolean tile (``start_n`` and
@@ -63,16 +69,11 @@ def dropout_keep(seed, offset, bh, rows, start_n, Lq, Lk, p, BLOCK_N: tl.constex
     n = (bh.to(tl.int64) * Lq + rows.to(tl.int64))[:, None] * width + groups[None, :]
     counter = n.to(tl.uint64) + offset.to(tl.uint64)
     r0, r1, r2, r3 = tl.randint4x(seed, counter)
-    # u >= t for the low half is (r & 0xFFFF) >= t, for the high half (r >> 16) >= t.
     t = tl.ceil(p * 65536.0).to(tl.uint32)
-    lo0 = (r0 & 0xFFFF) >= t
-    lo1 = (r1 & 0xFFFF) >= t
-    lo2 = (r2 & 0xFFFF) >= t
-    lo3 = (r3 & 0xFFFF) >= t
-    hi0 = (r0 >> 16) >= t
-    hi1 = (r1 >> 16) >= t
-    hi2 = (r2 >> 16) >= t
-    hi3 = (r3 >> 16) >= t
+    lo0, hi0 = _kept_halves(r0, t)
+    lo1, hi1 = _kept_halves(r1, t)
+    lo2, hi2 = _kept_halves(r2, t)
+    lo3, hi3 = _kept_halves(r3, t)
     # Key j = 8 * group + lane reads word lane % 4, its low half for lanes 0-3 and its
     # high half for lanes 4-7 (interleave puts its first operand at even positions).
     return tl.interleave(
