@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gemsops
-from gemsops import registry
+from gemsops import registry, wrapped_numbers
 from gemsops.testing.strategies import target_device
 
 DTYPES = (
@@ -105,13 +105,13 @@ def test_numbers_handed_back_promote_as_python_numbers(
     a: torch.Tensor, number: complex, expected: torch.dtype
 ) -> None:
     """A number turned back into a tensor for torch's kernel promotes as the number did."""
-    params = registry._tensor_params(torch.ops.aten.add.Tensor._schema)
-    converted = registry._numbers_as_tensors(params, (a, number), {"alpha": 1})
+    params = wrapped_numbers.tensor_params(torch.ops.aten.add.Tensor._schema)
+    converted = wrapped_numbers.numbers_as_tensors(params, (a, number), {"alpha": 1})
     assert converted is not None
     (_, tensor), _ = converted
     assert tensor.dim() == 0 and tensor.device.type == "cpu"
     assert torch.result_type(a, tensor) == torch.result_type(a, number) == expected
-    assert registry._numbers_as_tensors(params, (a, a), {}) is None
+    assert wrapped_numbers.numbers_as_tensors(params, (a, a), {}) is None
 
 
 # --- property: every dtype, every layout, torch's answer or torch's error -------------
