@@ -212,8 +212,19 @@ def _training(m: ModelShape, dt: torch.dtype) -> list[BenchCase]:
         *_act_cases(m, t, dt),
         _attention_case(m, m.batch, m.seq, m.seq, dt, m.causal, False),
         _attention_case(m, m.batch, m.seq, m.seq, dt, m.causal, True),
+        *_head(m, t, dt),
         *_loss_and_embedding(m, t, dt),
     ]
+
+
+def _head(m: ModelShape, t: int, dt: torch.dtype) -> list[BenchCase]:
+    """The language-model head (hidden -> vocabulary) of a text model, forward + backward:
+    the largest product of a GPT-2 or BERT step, and one whose output rows are not
+    16-byte aligned there (50257 and 30522 columns). ViT's head (32 images to 1000
+    classes) is left out: a few microseconds."""
+    if m.images:
+        return []
+    return [_linear_case(m, "head", t, m.vocab, m.hidden, dt, True)]
 
 
 def _decode(m: ModelShape, dt: torch.dtype, cache: int, batches: tuple[int, ...]

@@ -265,7 +265,8 @@ def test_models_suite_times_each_side_eagerly_on_the_interpreter(
 def test_models_suite_shapes_are_the_public_configs() -> None:
     """The suite's GPU cases sit at the configs' published sizes: Llama 3.1 8B's fused
     q/k/v projection is 4096 -> 4096 + 2 * 8 * 128, its decode head 4096 -> 128256, GPT-2's
-    MLP 768 -> 3072 at 8 x 1024 tokens, ViT-B/16's 32 images of 197 tokens."""
+    MLP 768 -> 3072 at 8 x 1024 tokens, GPT-2's and BERT's training heads to their
+    vocabularies (50257 and 30522), ViT-B/16's 32 images of 197 tokens (and no head)."""
     from gemsops.bench_suite import suite_cases
 
     labels = {c.label for c in suite_cases(tiny=False)}
@@ -275,6 +276,9 @@ def test_models_suite_shapes_are_the_public_configs() -> None:
     assert "vit-b16 layer_norm fwd+bwd 6304x768" in labels
     assert "llama-1b sdpa causal fwd+bwd 4x32/8x2048x2048x64" in labels
     assert "llama-8b decode sdpa 16x32/8x1x4096x128" in labels
+    assert "gpt2 linear head 8192x50257x768 fwd+bwd" in labels
+    assert "bert-base linear head 8192x30522x768 fwd+bwd" in labels
+    assert not any(label.startswith("vit-b16 linear head") for label in labels)
     assert len(labels) == len(suite_cases(tiny=False))  # no two cases share a label
 
 
