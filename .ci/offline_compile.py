@@ -19,7 +19,7 @@ before any launch is a ``host`` line, counted as a failure too; a call the host 
 on purpose, ``Unsupported``, is a ``skip`` line). Not a test: CI need not have Triton's
 CUDA backend.
 
-Families: attention (forward and backward: causal or not, an additive bias or a boolean
+Families: matmul (a language-model head's products, aligned or not), attention (forward and backward: causal or not, an additive bias or a boolean
 mask, dropout, GQA, one query row, SDPA's transposed layout, bf16 and fp32), embedding
 (the backward's one-segment and long-run launches), dropout, math, rounding, binary_math,
 activation_extra (the flat pointwise template with OP = each element function,
@@ -403,7 +403,29 @@ def _reduce_cases() -> list[Case]:
     ]
 
 
+def _matmul_cases() -> list[Case]:
+    """A language-model head's three products (forward, input and weight gradients) at
+    BERT's and GPT-2's vocabularies, whose 30522 and 50257 columns are not 16-byte
+    aligned (the persistent kernel reads or writes that matrix through pointers), and at
+    Llama's aligned 128256."""
+    import torch
+
+    from gemsops.ops.matmul import mm as MM
+
+    cases: list[Case] = []
+    bf16 = torch.bfloat16
+    for vocab in (30522, 50257, 128256):
+        t, h = 2048, 768
+        x, w = _t(t, h, dtype=bf16), _t(vocab, h, dtype=bf16)
+        dy = _t(t, vocab, dtype=bf16)
+        cases.append((f"head fwd {t}x{vocab}x{h}", _bind(MM.mm, x, w.t())))
+        cases.append((f"head dx {t}x{h}x{vocab}", _bind(MM.mm, dy, w)))
+        cases.append((f"head dw {vocab}x{h}x{t}", _bind(MM.mm, dy.t(), x)))
+    return cases
+
+
 FAMILIES: dict[str, Callable[[], list[Case]]] = {
+    "matmul": _matmul_cases,
     "reduce": _reduce_cases,
     "attention": _attention_cases,
     "embedding": _embedding_cases,

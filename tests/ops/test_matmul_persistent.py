@@ -77,8 +77,11 @@ def with_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_eligible_follows_the_descriptor_rules(with_descriptors: None) -> None:
-    """Aligned fp16/bf16 matrices with one unit stride qualify; fp32, a row of 7 halves
-    (14 bytes), an offset base, a batch stride of 0 and a column-major result do not."""
+    """Aligned fp16/bf16 matrices with one unit stride qualify, and so does a product one
+    of whose matrices has an unaligned stride or base (read through pointers, as a
+    language-model head's 30522 columns) while another takes a descriptor; fp32, a
+    product with no aligned matrix, a matrix without a unit stride, a batch stride of 0
+    and a column-major result do not."""
     h = torch.float16
     a, b = torch.randn(32, 64, dtype=h), torch.randn(64, 48, dtype=h)
     c = torch.empty(32, 48, dtype=h)
@@ -86,12 +89,49 @@ def test_eligible_follows_the_descriptor_rules(with_descriptors: None) -> None:
     a_t, b_t = torch.randn(64, 32, dtype=h).t(), torch.randn(48, 64, dtype=h).t()
     assert persistent.eligible(a_t, b_t, c)
     assert not persistent.eligible(a.float(), b.float(), c.float())
-    assert not persistent.eligible(torch.randn(32, 7, dtype=h), torch.randn(7, 48, dtype=h), c)
-    assert not persistent.eligible(torch.randn(32, 65, dtype=h)[:, 1:], b, c)
+    seven = torch.randn(32, 7, dtype=h)  # rows of 14 bytes
+    assert persistent.eligible(seven, torch.randn(7, 48, dtype=h), c)
+    assert persistent.eligible(torch.randn(32, 65, dtype=h)[:, 1:], b, c)  # offset base
+    assert persistent.eligible(a, torch.randn(64, 7, dtype=h), torch.empty(32, 7, dtype=h))
+    assert not persistent.eligible(seven, torch.randn(7, 7, dtype=h),
+                                   torch.empty(32, 7, dtype=h))
+    assert not persistent.eligible(torch.randn(64, 64, dtype=h)[::2, ::2], b, c)
     shared = torch.randn(64, 48, dtype=h).expand(3, 64, 48)
     assert not persistent.eligible(torch.randn(3, 32, 64, dtype=h), shared,
                                    torch.empty(3, 32, 48, dtype=h))
     assert not persistent.eligible(a, b, torch.empty(48, 32, dtype=h).t())
+
+
+RAGGED = st.integers(1, 70)  # any width: most are not 16-byte multiples of halves
+
+
+@pytest.mark.skipif(not RUNS_KERNEL, reason="this device has no tensor descriptors")
+@settings(max_examples=20, deadline=None)
+@given(m=RAGGED, n=RAGGED, k=RAGGED, dtype=st.sampled_from([torch.float16, torch.bfloat16]),
+       a_t=st.booleans(), b_t=st.booleans(), batch=st.sampled_from([None, 2]),
+       bias=st.booleans())
+def test_persistent_kernel_reads_unaligned_matrices_through_pointers(
+        m: int, n: int, k: int, dtype: torch.dtype, a_t: bool, b_t: bool, batch: int | None,
+        bias: bool) -> None:
+    """Property: at any widths, where some matrices' strides are not 16-byte multiples
+    (read or written through pointers) and the others' are (through descriptors), the
+    persistent kernel's ``a @ b (+ bias)`` equals torch's float32 product within the
+    output type's rounding."""
+    lead = () if batch is None else (batch,)
+    # Padded to 8 columns where the property wants a descriptor: one operand always
+    # takes one, so the kernel (not the portable one) is the product's.
+    a = _operand(m, k, dtype, a_t, batch)
+    b_rows, b_cols = (k, n)
+    b_store = torch.randn(*lead, *((b_cols, -(-b_rows // 8) * 8) if b_t
+                                   else (b_rows, -(-b_cols // 8) * 8)), dtype=dtype, device=DEV)
+    b = (b_store[..., :b_rows].transpose(-1, -2) if b_t else b_store[..., :b_cols])
+    c = torch.empty(*lead, m, n, dtype=dtype, device=DEV)
+    s = torch.randn(n, dtype=dtype, device=DEV).expand(m, n) if bias and batch is None else None
+    persistent.launch(a, b, c, s, 1.0, 1.0)
+    want = a.float() @ b.float()
+    if s is not None:
+        want = want + s.float()
+    assert_close(c, want.to(dtype), reduce_size=k)
 
 
 def test_eligible_needs_the_device_feature() -> None:

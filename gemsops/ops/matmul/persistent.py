@@ -68,6 +68,22 @@ def _store(desc, b, r, c, tile, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 
 
 @triton.jit
+def _load_ptr(base, b, stride_b, r, c, rows, cols, stride, BLOCK_R: tl.constexpr,
+              BLOCK_C: tl.constexpr, TRANSPOSED: tl.constexpr):
+    # A [BLOCK_R, BLOCK_C] tile at (r, c) of a [rows, cols] matrix read through pointers:
+    # column-major (unit row stride) when TRANSPOSED, else row-major. Rows and columns
+    # past the edge load as zeros, as a descriptor's do.
+    rr = r + tl.arange(0, BLOCK_R)
+    cc = c + tl.arange(0, BLOCK_C)
+    base = base + b.to(tl.int64) * stride_b
+    if TRANSPOSED:
+        ptrs = base + rr[:, None] + cc[None, :].to(tl.int64) * stride
+    else:
+        ptrs = base + rr[:, None].to(tl.int64) * stride + cc[None, :]
+    return tl.load(ptrs, mask=(rr[:, None] < rows) & (cc[None, :] < cols), other=0.0)
+
+
+@triton.jit
 def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
     """(batch, tile row, tile column) of linear tile number ``tile`` of a batch of
     ``tiles_m x tiles_n`` tile grids: within one batch entry, tile rows go in groups of
@@ -85,7 +101,8 @@ def grouped_tile(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 # Each operand layout and epilogue is its own tuning problem: a config that fits shared
 # memory for one (no bias) may not for another (a bias tile too).
-@kernel("mm_persistent", key=["M", "N", "K", "A_T", "B_T", "BATCHED", "HAS_BIAS"])
+@kernel("mm_persistent",
+        key=["M", "N", "K", "A_T", "B_T", "BATCHED", "HAS_BIAS", "A_DESC", "B_DESC", "C_DESC"])
 @triton.jit
 def _mm_persistent_kernel(
     A,  # [batch, M, K]: K contiguous, or M contiguous when A_T
@@ -104,6 +121,11 @@ def _mm_persistent_kernel(
     HAS_BIAS: tl.constexpr,
     SCALE: tl.constexpr,  # alpha != 1
     UPCAST: tl.constexpr,  # widen tiles to fp32 before tl.dot (the interpreter's bf16)
+    # Each matrix through a tensor descriptor, or through pointers where its other
+    # stride is not 16-byte aligned (a GPT-2 or BERT head's 50257 or 30522 columns).
+    A_DESC: tl.constexpr,
+    B_DESC: tl.constexpr,
+    C_DESC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -113,19 +135,30 @@ def _mm_persistent_kernel(
     WARP_SPECIALIZE: tl.constexpr = False,  # separate producer and consumer warps
     OCCUPANCY: tl.constexpr = 1,  # programs per multiprocessor (read by the host's grid)
 ):
-    if A_T:
-        a_desc = _descriptor(A, BATCH, K, M, stride_ab, stride_a, BLOCK_K, BLOCK_M, BATCHED)
-    else:
-        a_desc = _descriptor(A, BATCH, M, K, stride_ab, stride_a, BLOCK_M, BLOCK_K, BATCHED)
-    if B_T:
-        b_desc = _descriptor(B, BATCH, N, K, stride_bb, stride_b, BLOCK_N, BLOCK_K, BATCHED)
-    else:
-        b_desc = _descriptor(B, BATCH, K, N, stride_bb, stride_b, BLOCK_K, BLOCK_N, BATCHED)
-    if EPILOGUE_SPLIT:
-        c_desc = _descriptor(C, BATCH, M, N, stride_cb, stride_cm, BLOCK_M, BLOCK_N // 2,
-                             BATCHED)
-    else:
-        c_desc = _descriptor(C, BATCH, M, N, stride_cb, stride_cm, BLOCK_M, BLOCK_N, BATCHED)
+    a_desc = 0
+    b_desc = 0
+    c_desc = 0
+    if A_DESC:
+        if A_T:
+            a_desc = _descriptor(A, BATCH, K, M, stride_ab, stride_a, BLOCK_K, BLOCK_M,
+                                 BATCHED)
+        else:
+            a_desc = _descriptor(A, BATCH, M, K, stride_ab, stride_a, BLOCK_M, BLOCK_K,
+                                 BATCHED)
+    if B_DESC:
+        if B_T:
+            b_desc = _descriptor(B, BATCH, N, K, stride_bb, stride_b, BLOCK_N, BLOCK_K,
+                                 BATCHED)
+        else:
+            b_desc = _descriptor(B, BATCH, K, N, stride_bb, stride_b, BLOCK_K, BLOCK_N,
+                                 BATCHED)
+    if C_DESC:
+        if EPILOGUE_SPLIT:
+            c_desc = _descriptor(C, BATCH, M, N, stride_cb, stride_cm, BLOCK_M, BLOCK_N // 2,
+                                 BATCHED)
+        else:
+            c_desc = _descriptor(C, BATCH, M, N, stride_cb, stride_cm, BLOCK_M, BLOCK_N,
+                                 BATCHED)
 
     programs = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -144,11 +177,17 @@ def _mm_persistent_kernel(
         for kt in range(k_tiles):
             off_k = kt * BLOCK_K
             # Out-of-range rows, columns and the ragged last K tile arrive as zeros.
-            if A_T:
+            if not A_DESC:
+                a = _load_ptr(A, b, stride_ab, off_m, off_k, M, K, stride_a, BLOCK_M,
+                              BLOCK_K, A_T)
+            elif A_T:
                 a = _load(a_desc, b, off_k, off_m, BLOCK_K, BLOCK_M, BATCHED).T
             else:
                 a = _load(a_desc, b, off_m, off_k, BLOCK_M, BLOCK_K, BATCHED)
-            if B_T:
+            if not B_DESC:
+                w = _load_ptr(B, b, stride_bb, off_k, off_n, K, N, stride_b, BLOCK_K,
+                              BLOCK_N, B_T)
+            elif B_T:
                 w = _load(b_desc, b, off_n, off_k, BLOCK_N, BLOCK_K, BATCHED).T
             else:
                 w = _load(b_desc, b, off_k, off_n, BLOCK_K, BLOCK_N, BATCHED)
@@ -171,7 +210,13 @@ def _mm_persistent_kernel(
             mask = (rm[:, None] < M) & (rn[None, :] < N)
             acc += beta * tl.load(s_ptrs, mask=mask, other=0.0).to(tl.float32)
         out = acc.to(C.dtype.element_ty)
-        if EPILOGUE_SPLIT:
+        if not C_DESC:
+            rm = off_m + tl.arange(0, BLOCK_M)
+            rn = off_n + tl.arange(0, BLOCK_N)
+            c_ptrs = (C + b.to(tl.int64) * stride_cb + rm[:, None].to(tl.int64) * stride_cm
+                      + rn[None, :])
+            tl.store(c_ptrs, out, mask=(rm[:, None] < M) & (rn[None, :] < N))
+        elif EPILOGUE_SPLIT:
             # Two [BLOCK_M, BLOCK_N / 2] halves: half the shared memory for the store.
             left, right = out.reshape(BLOCK_M, 2, BLOCK_N // 2).permute(0, 2, 1).split()
             _store(c_desc, b, off_m, off_n, left, BLOCK_M, BLOCK_N // 2, BATCHED)
@@ -181,44 +226,64 @@ def _mm_persistent_kernel(
             _store(c_desc, b, off_m, off_n, out, BLOCK_M, BLOCK_N, BATCHED)
 
 
-def _layout(t: Tensor) -> tuple[bool, int] | None:
-    """(transposed, stride of the non-unit dim) of a 2-D matrix view a descriptor can read:
-    one unit stride, the other a multiple of 16 bytes; None when there is none."""
+def _layout(t: Tensor) -> tuple[bool, int, bool] | None:
+    """(transposed, stride of the non-unit dim, whether a descriptor can read it) of a 2-D
+    matrix view with one unit stride; None when it has none. A descriptor needs the other
+    stride to be a multiple of 16 bytes; pointers take any."""
     rows, cols = t.shape[-2], t.shape[-1]
     s_r, s_c = t.stride(-2), t.stride(-1)
     size = t.element_size()
-    if s_c == 1 or cols == 1:
-        other = s_r if rows > 1 else max(cols, 1)
-        if other * size % 16 == 0 and other >= cols:
-            return False, other
-    if s_r == 1 or rows == 1:
-        other = s_c if cols > 1 else max(rows, 1)
-        if other * size % 16 == 0 and other >= rows:
-            return True, other
-    return None
+    found: tuple[bool, int, bool] | None = None
+    for transposed, unit, other, extent in ((False, s_c, s_r, cols), (True, s_r, s_c, rows)):
+        n_unit = cols if not transposed else rows
+        n_other = rows if not transposed else cols
+        if unit != 1 and n_unit != 1:
+            continue
+        stride = other if n_other > 1 else max(extent, 1)
+        if stride < extent:
+            continue
+        aligned = stride * size % 16 == 0
+        if aligned:
+            return transposed, stride, True
+        if found is None:
+            found = (transposed, stride, False)
+    return found
+
+
+def _described(t: Tensor, layout: tuple[bool, int, bool]) -> bool:
+    """Whether a tensor descriptor can take ``t`` (of layout ``layout``): an aligned
+    stride and a 16-byte aligned base."""
+    return layout[2] and t.data_ptr() % 16 == 0
 
 
 def eligible(a: Tensor, b: Tensor, c: Tensor, device: gemshal.Device | None = None) -> bool:
     """Whether the persistent kernel can serve ``c = a @ b`` here: the device has tensor
-    descriptors, the operands are fp16/bf16 and every matrix meets the descriptor rules
-    (16-byte aligned base and strides, a unit stride in one dimension; ``c`` row-major)."""
+    descriptors, the operands are fp16/bf16, each matrix has a unit stride in one
+    dimension (``c`` row-major) and every batch entry starts on a 16-byte boundary.
+
+    A matrix whose other stride is a multiple of 16 bytes (and whose base is 16-byte
+    aligned) is read or written through a tensor descriptor, any other through pointers
+    (a language-model head over a vocabulary of 50257 or 30522 columns); at least one
+    operand must take a descriptor, or the portable kernel serves the product."""
     if a.dtype not in _DTYPES:
         return False
     if not (device or gemshal.device_of(a)).has("tensor_descriptors"):
         return False
+    described = 0
     for t in (a, b, c):
-        if t.data_ptr() % 16:
-            return False
         # A batch entry starts on a 16-byte boundary; a shared matrix (batch stride 0)
         # is left to the portable kernel.
         if t.dim() == 3 and t.shape[0] > 1 and (
             t.stride(0) <= 0 or t.stride(0) * t.element_size() % 16
         ):
             return False
-    if _layout(a) is None or _layout(b) is None:
-        return False
-    layout = _layout(c)
-    return layout is not None and not layout[0]
+        layout = _layout(t)
+        if layout is None:
+            return False
+        if t is c and layout[0]:
+            return False
+        described += _described(t, layout)
+    return described > 0
 
 
 _CONSTS: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -240,17 +305,22 @@ def plan(a: Tensor, b: Tensor, c: Tensor, bias: Tensor | None, alpha: float, bet
     batch = a.shape[0] if batched else 1
     M, K = a.shape[-2], a.shape[-1]
     N = b.shape[-1]
-    a_t, a_s = _layout(a) or (False, 0)
-    b_t, b_s = _layout(b) or (False, 0)
+    a_layout = _layout(a) or (False, 0, True)
+    b_layout = _layout(b) or (False, 0, True)
+    c_layout = _layout(c) or (False, 0, True)
+    a_t, a_s = a_layout[0], a_layout[1]
+    b_t, b_s = b_layout[0], b_layout[1]
+    descs = (_described(a, a_layout), _described(b, b_layout), _described(c, c_layout))
     s = bias if bias is not None else c
     ss = s.stride() if s.dim() == 3 else (0, *s.stride())
     upcast = a.dtype == torch.bfloat16 and device.interpreter
-    key = (a_t, b_t, batched, bias is not None, alpha != 1.0, upcast)
+    key = (a_t, b_t, batched, bias is not None, alpha != 1.0, upcast, descs)
     consts = _CONSTS.get(key)
     if consts is None:
         consts = _CONSTS[key] = {"A_T": a_t, "B_T": b_t, "BATCHED": batched,
                                  "HAS_BIAS": bias is not None, "SCALE": alpha != 1.0,
-                                 "UPCAST": upcast}
+                                 "UPCAST": upcast, "A_DESC": descs[0], "B_DESC": descs[1],
+                                 "C_DESC": descs[2]}
     sms = device.multiprocessor_count
 
     def grid(meta: dict[str, Any]) -> tuple[int]:

@@ -1,0 +1,81 @@
+"""A language-model head's three products at GPT-2's and BERT's vocabularies (50257 and
+30522 columns: rows not 16-byte aligned) and Llama's aligned 128256, replayed from a CUDA
+graph (kernel time), in one process: torch; gemsops' portable tile kernel (the route of
+unaligned products before the persistent kernel took pointers); gemsops as shipped (the
+persistent kernel, the unaligned matrix through pointers); and the persistent kernel at
+each config of its tuning entry (the best one, to see whether a table row would help).
+
+    python3 .ci/head_probe.py [--quick]
+"""
+import sys
+
+import torch
+import triton.testing
+
+import gemshal
+import gemsops
+from gemshal.kernel.compile import waiting
+from gemsops.ops.matmul import mm as MM
+from gemsops.ops.matmul import persistent
+
+QUICK = "--quick" in sys.argv
+BF16 = torch.bfloat16
+CASES = [("bert", 2048, 30522), ("bert", 8192, 30522), ("gpt2", 8192, 50257),
+         ("llama1b", 8192, 128256)]
+if QUICK:
+    CASES = CASES[:2]
+
+
+def graph_us(fn) -> float:
+    return triton.testing.do_bench_cudagraph(fn, rep=60) * 1e3
+
+
+def products(t: int, vocab: int, h: int = 768):
+    x = torch.randn(t, h, device="cuda", dtype=BF16)
+    w = torch.randn(vocab, h, device="cuda", dtype=BF16) / h ** 0.5
+    dy = torch.randn(t, vocab, device="cuda", dtype=BF16) / vocab ** 0.5
+    return [("fwd", x, w.t()), ("dx", dy, w), ("dw", dy.t(), x)]
+
+
+eligible = persistent.eligible
+for model, t, vocab in CASES:
+    h = 2048 if model.startswith("llama") else 768
+    for what, a, b in products(t, vocab, h):
+        want = (a.float() @ b.float()).to(BF16)
+
+        def run(a=a, b=b):
+            return torch.mm(a, b)
+
+        torch_us = graph_us(run)
+        row = [f"{model} {what} {a.shape[0]}x{b.shape[1]}x{a.shape[1]}: torch {torch_us:.1f}"]
+        with gemsops.use_gems():
+            for label, rule in (("portable", lambda *_a, **_k: False), ("shipped", eligible)):
+                persistent.eligible = rule
+                with waiting():
+                    got = run()
+                ok = (got.float() - want.float()).abs().max().item() < 0.05
+                us = graph_us(run)
+                row.append(f"{label} {us:.1f} ({torch_us / us:.2f}x{'' if ok else ' WRONG'})")
+            persistent.eligible = eligible
+            if persistent.eligible(a, b, want):
+                c = torch.empty_like(want)
+                grid, args, consts = persistent.plan(a, b, c, None, 1.0, 0.0)
+                kern = persistent._mm_persistent_kernel
+                gemshal.ensure_scratch_allocator()
+                best = None
+                for config in kern.configs_for_current_device():
+                    kw = {**consts, **config.to_triton().all_kwargs()}
+                    try:
+                        fn = kern.fn
+                        def go(fn=fn, kw=kw):
+                            fn[grid](*args, **kw)
+                        go()
+                        us = graph_us(go)
+                    except Exception as exc:  # a config that does not fit: say so
+                        row.append(f"[{config}: {type(exc).__name__}]")
+                        continue
+                    if best is None or us < best[0]:
+                        best = (us, str(config))
+                if best:
+                    row.append(f"best config {best[0]:.1f} ({torch_us / best[0]:.2f}x) {best[1]}")
+        print("; ".join(row), flush=True)
