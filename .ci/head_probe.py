@@ -1,13 +1,19 @@
 """A language-model head's three products at GPT-2's and BERT's vocabularies (50257 and
 30522 columns: rows not 16-byte aligned) and Llama's aligned 128256, replayed from a CUDA
 graph (kernel time), in one process: torch; gemsops' portable tile kernel (the route of
-unaligned products before the persistent kernel took pointers); gemsops as shipped (the
-persistent kernel, the unaligned matrix through pointers); and the persistent kernel at
+unaligned products); the persistent kernel with the unaligned matrix through pointers
+(``persistent.POINTER_OPERANDS`` on); and the persistent kernel at
 each config of its tuning entry (the best one, to see whether a table row would help).
 
     python3 .ci/head_probe.py [--quick]
+
+The native replay is off and the replay memo is cleared between routes, so each route's
+time is its own kernel's.
 """
+import os
 import sys
+
+os.environ["GEMS_NATIVE"] = "0"  # a native recipe would replay the route it first saw
 
 import torch
 import triton.testing
@@ -16,6 +22,7 @@ import gemshal
 import gemsops
 from gemshal.kernel.compile import waiting
 from gemsops.ops.matmul import mm as MM
+from gemsops.ops import replay
 from gemsops.ops.matmul import persistent
 
 QUICK = "--quick" in sys.argv
@@ -37,7 +44,6 @@ def products(t: int, vocab: int, h: int = 768):
     return [("fwd", x, w.t()), ("dx", dy, w), ("dw", dy.t(), x)]
 
 
-eligible = persistent.eligible
 for model, t, vocab in CASES:
     h = 2048 if model.startswith("llama") else 768
     for what, a, b in products(t, vocab, h):
@@ -49,14 +55,14 @@ for model, t, vocab in CASES:
         torch_us = graph_us(run)
         row = [f"{model} {what} {a.shape[0]}x{b.shape[1]}x{a.shape[1]}: torch {torch_us:.1f}"]
         with gemsops.use_gems():
-            for label, rule in (("portable", lambda *_a, **_k: False), ("shipped", eligible)):
-                persistent.eligible = rule
+            for label, pointers in (("portable", False), ("pointers", True)):
+                persistent.POINTER_OPERANDS = pointers
+                replay.clear()  # the replay memo keeps the route it first saw
                 with waiting():
                     got = run()
                 ok = (got.float() - want.float()).abs().max().item() < 0.05
                 us = graph_us(run)
                 row.append(f"{label} {us:.1f} ({torch_us / us:.2f}x{'' if ok else ' WRONG'})")
-            persistent.eligible = eligible
             if persistent.eligible(a, b, want):
                 c = torch.empty_like(want)
                 grid, args, consts = persistent.plan(a, b, c, None, 1.0, 0.0)

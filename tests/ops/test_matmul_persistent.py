@@ -77,11 +77,9 @@ def with_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_eligible_follows_the_descriptor_rules(with_descriptors: None) -> None:
-    """Aligned fp16/bf16 matrices with one unit stride qualify, and so does a product one
-    of whose matrices has an unaligned stride or base (read through pointers, as a
-    language-model head's 30522 columns) while another takes a descriptor; fp32, a
-    product with no aligned matrix, a matrix without a unit stride, a batch stride of 0
-    and a column-major result do not."""
+    """Aligned fp16/bf16 matrices with one unit stride qualify; fp32, a row of 7 halves
+    (14 bytes) or an offset base (while pointer operands are off), a matrix without a unit
+    stride, a batch stride of 0 and a column-major result do not."""
     h = torch.float16
     a, b = torch.randn(32, 64, dtype=h), torch.randn(64, 48, dtype=h)
     c = torch.empty(32, 48, dtype=h)
@@ -89,6 +87,25 @@ def test_eligible_follows_the_descriptor_rules(with_descriptors: None) -> None:
     a_t, b_t = torch.randn(64, 32, dtype=h).t(), torch.randn(48, 64, dtype=h).t()
     assert persistent.eligible(a_t, b_t, c)
     assert not persistent.eligible(a.float(), b.float(), c.float())
+    assert not persistent.POINTER_OPERANDS
+    assert not persistent.eligible(torch.randn(32, 7, dtype=h), torch.randn(7, 48, dtype=h), c)
+    assert not persistent.eligible(torch.randn(32, 65, dtype=h)[:, 1:], b, c)
+    assert not persistent.eligible(torch.randn(64, 64, dtype=h)[::2, ::2], b, c)
+    shared = torch.randn(64, 48, dtype=h).expand(3, 64, 48)
+    assert not persistent.eligible(torch.randn(3, 32, 64, dtype=h), shared,
+                                   torch.empty(3, 32, 48, dtype=h))
+    assert not persistent.eligible(a, b, torch.empty(48, 32, dtype=h).t())
+
+
+def test_pointer_operands_admit_unaligned_matrices(with_descriptors: None,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """With pointer operands on, a product one of whose matrices has an unaligned stride
+    or base (a language-model head's 30522 columns) qualifies while another takes a
+    descriptor; one with no aligned matrix, or a matrix without a unit stride, does not."""
+    monkeypatch.setattr(persistent, "POINTER_OPERANDS", True)
+    h = torch.float16
+    a, b = torch.randn(32, 64, dtype=h), torch.randn(64, 48, dtype=h)
+    c = torch.empty(32, 48, dtype=h)
     seven = torch.randn(32, 7, dtype=h)  # rows of 14 bytes
     assert persistent.eligible(seven, torch.randn(7, 48, dtype=h), c)
     assert persistent.eligible(torch.randn(32, 65, dtype=h)[:, 1:], b, c)  # offset base
@@ -96,10 +113,6 @@ def test_eligible_follows_the_descriptor_rules(with_descriptors: None) -> None:
     assert not persistent.eligible(seven, torch.randn(7, 7, dtype=h),
                                    torch.empty(32, 7, dtype=h))
     assert not persistent.eligible(torch.randn(64, 64, dtype=h)[::2, ::2], b, c)
-    shared = torch.randn(64, 48, dtype=h).expand(3, 64, 48)
-    assert not persistent.eligible(torch.randn(3, 32, 64, dtype=h), shared,
-                                   torch.empty(3, 32, 48, dtype=h))
-    assert not persistent.eligible(a, b, torch.empty(48, 32, dtype=h).t())
 
 
 RAGGED = st.integers(1, 70)  # any width: most are not 16-byte multiples of halves

@@ -250,6 +250,13 @@ def _layout(t: Tensor) -> tuple[bool, int, bool] | None:
     return found
 
 
+POINTER_OPERANDS = False
+"""Whether :func:`eligible` takes products with a matrix the kernel must read or write
+through pointers (its stride not 16-byte aligned). The kernel serves them (tested on the
+interpreter, compiled for sm_90 offline: docs/gpu/s23), but until a GPU run times them
+against the portable kernel (``.ci/head_probe.py``) they keep the portable route."""
+
+
 def _described(t: Tensor, layout: tuple[bool, int, bool]) -> bool:
     """Whether a tensor descriptor can take ``t`` (of layout ``layout``): an aligned
     stride and a 16-byte aligned base."""
@@ -263,8 +270,9 @@ def eligible(a: Tensor, b: Tensor, c: Tensor, device: gemshal.Device | None = No
 
     A matrix whose other stride is a multiple of 16 bytes (and whose base is 16-byte
     aligned) is read or written through a tensor descriptor, any other through pointers
-    (a language-model head over a vocabulary of 50257 or 30522 columns); at least one
-    operand must take a descriptor, or the portable kernel serves the product."""
+    (a language-model head over a vocabulary of 50257 or 30522 columns) when
+    :data:`POINTER_OPERANDS` is on; at least one matrix must take a descriptor, or the
+    portable kernel serves the product."""
     if a.dtype not in _DTYPES:
         return False
     if not (device or gemshal.device_of(a)).has("tensor_descriptors"):
@@ -282,7 +290,10 @@ def eligible(a: Tensor, b: Tensor, c: Tensor, device: gemshal.Device | None = No
             return False
         if t is c and layout[0]:
             return False
-        described += _described(t, layout)
+        if _described(t, layout):
+            described += 1
+        elif not POINTER_OPERANDS:
+            return False
     return described > 0
 
 
