@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import math
 import re
@@ -24,7 +23,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TextIO
 
 import torch
@@ -34,50 +32,9 @@ from gemshal.kernel import tuned
 from gemshal.kernel.compile import wait_compiles
 from gemsops import registry
 from gemsops.bench_cases import BenchCase, Thunk, cases
+from gemsops.bench_sides import flag_gems, sides_of, timer_for
 
-__all__ = ["BenchCase", "add_parser", "cases", "flag_gems", "main", "output_problem", "sides_of"]
-
-
-def flag_gems() -> Any | None:
-    """FlagGems' module when it is installed, else None (the benchmark's peer)."""
-    try:
-        return importlib.import_module("flag_gems")
-    except ImportError:
-        return None
-
-
-def _timer(interpreter: bool) -> Callable[[Thunk], float]:
-    """Milliseconds per call: do_bench's median on a device, a wall-clock median otherwise."""
-    if interpreter:
-
-        def wall(fn: Thunk) -> float:
-            fn()
-            samples = []
-            for _ in range(3):
-                start = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - start) * 1e3)
-            return statistics.median(samples)
-
-        return wall
-    import triton.testing
-
-    def device_time(fn: Thunk) -> float:
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-
-    return device_time
-
-
-def sides_of(peer: Any | None) -> dict[str, Callable[[], AbstractContextManager[Any]]]:
-    """The benchmark's sides by name: torch, gemsops and, with ``peer``, FlagGems; each a
-    context manager factory that turns that side on."""
-    sides: dict[str, Callable[[], AbstractContextManager[Any]]] = {
-        "torch": nullcontext,
-        "gemsops": registry.use_gems,
-    }
-    if peer is not None:
-        sides["flag_gems"] = peer.use_gems
-    return sides
+__all__ = ["BenchCase", "add_parser", "cases", "main", "output_problem"]
 
 
 def _progress(done: int, total: int, label: str) -> None:
@@ -112,7 +69,7 @@ def run_cases(
     leaves the rows it finished. With ``profile``, each side of each case is also run
     under ``torch.profiler`` and its busiest kernels are written there.
     """
-    timer = _timer(interpreter)
+    timer = timer_for(interpreter)
     copy_gbs = _copy_bandwidth(dev, timer, interpreter)
     sides = sides_of(flag_gems())
     rows: list[dict[str, Any]] = []

@@ -35,7 +35,7 @@ from torch.nn import functional as F
 
 import gemshal
 from gemsops import registry
-from gemsops.bench import flag_gems, sides_of
+from gemsops.bench_sides import flag_gems, sides_of
 
 __all__ = [
     "GPU_CONFIG",

@@ -32,9 +32,9 @@ import torch
 from torch.nn import functional as F
 
 from gemshal.kernel.compile import wait_compiles, waiting
-from gemsops.bench import _timer, flag_gems, sides_of
 from gemsops.bench_cases import BenchCase, Thunk, _nbytes
 from gemsops.bench_model import capture, graph_skip_reason
+from gemsops.bench_sides import flag_gems, sides_of, timer_for
 
 __all__ = ["CONFIGS", "ModelShape", "measure_suite", "suite_cases", "suite_lines"]
 
@@ -279,7 +279,7 @@ def measure_suite(selected: list[BenchCase], *, dev: torch.device, interpreter: 
                   ) -> list[dict[str, Any]]:
     """Time every case on every side, eager and (where a device graph can be captured)
     replayed; ``on_row(rows)`` after each case, so a run cut short keeps what it did."""
-    timer = _timer(interpreter)
+    timer = timer_for(interpreter)
     sides = sides_of(flag_gems())
     no_graph = graph_skip_reason()
     rows: list[dict[str, Any]] = []
