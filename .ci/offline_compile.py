@@ -406,11 +406,22 @@ def _reduce_cases() -> list[Case]:
 def _matmul_cases() -> list[Case]:
     """A language-model head's three products (forward, input and weight gradients) at
     BERT's and GPT-2's vocabularies, whose 30522 and 50257 columns are not 16-byte
-    aligned (the persistent kernel reads or writes that matrix through pointers), and at
-    Llama's aligned 128256."""
+    aligned (the portable kernel's route, and with ``POINTER_OPERANDS`` the persistent
+    kernel reading or writing that matrix through pointers), and at Llama's aligned
+    128256."""
     import torch
 
+    from gemsops.ops import replay
     from gemsops.ops.matmul import mm as MM
+    from gemsops.ops.matmul import persistent
+
+    def product(a: Any, b: Any, pointers: bool) -> None:
+        persistent.POINTER_OPERANDS = pointers  # the route a GPU run has not yet timed
+        replay.clear()  # the replay memo would launch the route it saw first
+        try:
+            MM.mm(a, b)
+        finally:
+            persistent.POINTER_OPERANDS = False
 
     cases: list[Case] = []
     bf16 = torch.bfloat16
@@ -418,9 +429,11 @@ def _matmul_cases() -> list[Case]:
         t, h = 2048, 768
         x, w = _t(t, h, dtype=bf16), _t(vocab, h, dtype=bf16)
         dy = _t(t, vocab, dtype=bf16)
-        cases.append((f"head fwd {t}x{vocab}x{h}", _bind(MM.mm, x, w.t())))
-        cases.append((f"head dx {t}x{h}x{vocab}", _bind(MM.mm, dy, w)))
-        cases.append((f"head dw {vocab}x{h}x{t}", _bind(MM.mm, dy.t(), x)))
+        for pointers in (False, True) if vocab % 8 else (False,):
+            how = " pointers" if pointers else ""
+            cases.append((f"head fwd {t}x{vocab}x{h}{how}", _bind(product, x, w.t(), pointers)))
+            cases.append((f"head dx {t}x{h}x{vocab}{how}", _bind(product, dy, w, pointers)))
+            cases.append((f"head dw {vocab}x{h}x{t}{how}", _bind(product, dy.t(), x, pointers)))
     return cases
 
 

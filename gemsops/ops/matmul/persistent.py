@@ -68,19 +68,45 @@ def _store(desc, b, r, c, tile, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 
 
 @triton.jit
-def _load_ptr(base, b, stride_b, r, c, rows, cols, stride, BLOCK_R: tl.constexpr,
-              BLOCK_C: tl.constexpr, TRANSPOSED: tl.constexpr):
-    # A [BLOCK_R, BLOCK_C] tile at (r, c) of a [rows, cols] matrix read through pointers:
-    # column-major (unit row stride) when TRANSPOSED, else row-major. Rows and columns
-    # past the edge load as zeros, as a descriptor's do.
-    rr = r + tl.arange(0, BLOCK_R)
-    cc = c + tl.arange(0, BLOCK_C)
-    base = base + b.to(tl.int64) * stride_b
-    if TRANSPOSED:
-        ptrs = base + rr[:, None] + cc[None, :].to(tl.int64) * stride
+def _operand_descriptor(
+    base, batch, rows, cols, stride_b, stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    BATCHED: tl.constexpr, TRANSPOSED: tl.constexpr, DESC: tl.constexpr,
+):
+    # The descriptor of a [rows, cols] operand, stored [cols, rows] when TRANSPOSED (0
+    # when it is read through pointers).
+    if not DESC:
+        return 0
+    elif TRANSPOSED:
+        return _descriptor(base, batch, cols, rows, stride_b, stride, BLOCK_C, BLOCK_R,
+                           BATCHED)
     else:
-        ptrs = base + rr[:, None].to(tl.int64) * stride + cc[None, :]
-    return tl.load(ptrs, mask=(rr[:, None] < rows) & (cc[None, :] < cols), other=0.0)
+        return _descriptor(base, batch, rows, cols, stride_b, stride, BLOCK_R, BLOCK_C,
+                           BATCHED)
+
+
+@triton.jit
+def _operand_tile(
+    desc, base, b, r, c, rows, cols, stride_b, stride, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr, BATCHED: tl.constexpr, TRANSPOSED: tl.constexpr,
+    DESC: tl.constexpr,
+):
+    # The [BLOCK_R, BLOCK_C] tile at (r, c) of a [rows, cols] operand: through its
+    # descriptor (transposed in registers when it is stored [cols, rows]), or through
+    # pointers. Rows and columns past the edge arrive as zeros either way.
+    if DESC:
+        if TRANSPOSED:
+            return _load(desc, b, c, r, BLOCK_C, BLOCK_R, BATCHED).T
+        else:
+            return _load(desc, b, r, c, BLOCK_R, BLOCK_C, BATCHED)
+    else:
+        rr = r + tl.arange(0, BLOCK_R)
+        cc = c + tl.arange(0, BLOCK_C)
+        base = base + b.to(tl.int64) * stride_b
+        if TRANSPOSED:
+            ptrs = base + rr[:, None] + cc[None, :].to(tl.int64) * stride
+        else:
+            ptrs = base + rr[:, None].to(tl.int64) * stride + cc[None, :]
+        return tl.load(ptrs, mask=(rr[:, None] < rows) & (cc[None, :] < cols), other=0.0)
 
 
 @triton.jit
@@ -135,30 +161,13 @@ def _mm_persistent_kernel(
     WARP_SPECIALIZE: tl.constexpr = False,  # separate producer and consumer warps
     OCCUPANCY: tl.constexpr = 1,  # programs per multiprocessor (read by the host's grid)
 ):
-    a_desc = 0
-    b_desc = 0
-    c_desc = 0
-    if A_DESC:
-        if A_T:
-            a_desc = _descriptor(A, BATCH, K, M, stride_ab, stride_a, BLOCK_K, BLOCK_M,
-                                 BATCHED)
-        else:
-            a_desc = _descriptor(A, BATCH, M, K, stride_ab, stride_a, BLOCK_M, BLOCK_K,
-                                 BATCHED)
-    if B_DESC:
-        if B_T:
-            b_desc = _descriptor(B, BATCH, N, K, stride_bb, stride_b, BLOCK_N, BLOCK_K,
-                                 BATCHED)
-        else:
-            b_desc = _descriptor(B, BATCH, K, N, stride_bb, stride_b, BLOCK_K, BLOCK_N,
-                                 BATCHED)
-    if C_DESC:
-        if EPILOGUE_SPLIT:
-            c_desc = _descriptor(C, BATCH, M, N, stride_cb, stride_cm, BLOCK_M, BLOCK_N // 2,
-                                 BATCHED)
-        else:
-            c_desc = _descriptor(C, BATCH, M, N, stride_cb, stride_cm, BLOCK_M, BLOCK_N,
-                                 BATCHED)
+    a_desc = _operand_descriptor(A, BATCH, M, K, stride_ab, stride_a, BLOCK_M, BLOCK_K,
+                                 BATCHED, A_T, A_DESC)
+    b_desc = _operand_descriptor(B, BATCH, K, N, stride_bb, stride_b, BLOCK_K, BLOCK_N,
+                                 BATCHED, B_T, B_DESC)
+    c_desc = _operand_descriptor(C, BATCH, M, N, stride_cb, stride_cm, BLOCK_M,
+                                 BLOCK_N // 2 if EPILOGUE_SPLIT else BLOCK_N, BATCHED,
+                                 False, C_DESC)
 
     programs = tl.num_programs(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -177,20 +186,10 @@ def _mm_persistent_kernel(
         for kt in range(k_tiles):
             off_k = kt * BLOCK_K
             # Out-of-range rows, columns and the ragged last K tile arrive as zeros.
-            if not A_DESC:
-                a = _load_ptr(A, b, stride_ab, off_m, off_k, M, K, stride_a, BLOCK_M,
-                              BLOCK_K, A_T)
-            elif A_T:
-                a = _load(a_desc, b, off_k, off_m, BLOCK_K, BLOCK_M, BATCHED).T
-            else:
-                a = _load(a_desc, b, off_m, off_k, BLOCK_M, BLOCK_K, BATCHED)
-            if not B_DESC:
-                w = _load_ptr(B, b, stride_bb, off_k, off_n, K, N, stride_b, BLOCK_K,
-                              BLOCK_N, B_T)
-            elif B_T:
-                w = _load(b_desc, b, off_n, off_k, BLOCK_N, BLOCK_K, BATCHED).T
-            else:
-                w = _load(b_desc, b, off_k, off_n, BLOCK_K, BLOCK_N, BATCHED)
+            a = _operand_tile(a_desc, A, b, off_m, off_k, M, K, stride_ab, stride_a,
+                              BLOCK_M, BLOCK_K, BATCHED, A_T, A_DESC)
+            w = _operand_tile(b_desc, B, b, off_k, off_n, K, N, stride_bb, stride_b,
+                              BLOCK_K, BLOCK_N, BATCHED, B_T, B_DESC)
             if UPCAST:
                 a = a.to(tl.float32)
                 w = w.to(tl.float32)
@@ -234,19 +233,18 @@ def _layout(t: Tensor) -> tuple[bool, int, bool] | None:
     s_r, s_c = t.stride(-2), t.stride(-1)
     size = t.element_size()
     found: tuple[bool, int, bool] | None = None
-    for transposed, unit, other, extent in ((False, s_c, s_r, cols), (True, s_r, s_c, rows)):
-        n_unit = cols if not transposed else rows
-        n_other = rows if not transposed else cols
-        if unit != 1 and n_unit != 1:
-            continue
-        stride = other if n_other > 1 else max(extent, 1)
-        if stride < extent:
-            continue
-        aligned = stride * size % 16 == 0
-        if aligned:
-            return transposed, stride, True
-        if found is None:
-            found = (transposed, stride, False)
+    if s_c == 1 or cols == 1:
+        other = s_r if rows > 1 else max(cols, 1)
+        if other >= cols:
+            if other * size % 16 == 0:
+                return False, other, True
+            found = (False, other, False)
+    if s_r == 1 or rows == 1:
+        other = s_c if cols > 1 else max(rows, 1)
+        if other >= rows:
+            if other * size % 16 == 0:
+                return True, other, True
+            found = found or (True, other, False)
     return found
 
 
