@@ -37,16 +37,8 @@ from typing import TYPE_CHECKING
 import attrs
 
 from gemshal.errors import ConfigError
-from gemshal.tune_format import (
-    LAUNCH_KEYS,
-    LEVELS,
-    OpTuning,
-    TuneConfig,
-    TuneFile,
-    TuneSource,
-    loads,
-    unknown_launch_options,
-)
+from gemshal.tune_format import LEVELS, OpTuning, TuneConfig, TuneFile, TuneSource, loads
+from gemshal.tune_values import LAUNCH_KEYS, unknown_launch_options
 
 __all__ = [
     "ENV_USER_FILE",
@@ -111,7 +103,7 @@ class TuneContext:
         extra_launch_keys: Lower-case launch keywords the vendor's Triton accepts
             beyond ``num_warps``, ``num_stages``, ``num_ctas`` and ``maxnreg``
             (``VendorInfo.launch_options``; each one of
-            :data:`gemshal.tune_format.LAUNCH_OPTIONS`).
+            :data:`gemshal.tune_values.LAUNCH_OPTIONS`).
     """
 
     vendor: str = attrs.field(validator=attrs.validators.matches_re(_NAME))

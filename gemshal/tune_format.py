@@ -7,7 +7,6 @@ naming the file, the op and the key at fault. docs/tuning.md describes the forma
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import operator
@@ -16,178 +15,46 @@ import tomllib
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
 from gemshal.errors import ConfigError
 from gemshal.tune_rules import Call, HeuristicRule, parse_rules
+from gemshal.tune_values import (
+    LAUNCH_KEYS,
+    LAUNCH_OPTIONS,
+    META_NAME,
+    Scalar,
+    launch_keyword_problem,
+    launch_option_problem,
+    meta_problem,
+    scalar_problem,
+    show_value,
+    type_name,
+    unknown_launch_options,
+    value_problem,
+)
 
 if TYPE_CHECKING:
     import triton
 
 __all__ = [
     "FORMAT_VERSION",
-    "LAUNCH_KEYS",
-    "LAUNCH_OPTIONS",
     "LEVELS",
     "MAX_GRID",
-    "MAX_TILE",
     "HeuristicRule",
-    "LaunchOption",
     "OpTuning",
-    "Scalar",
     "TableRow",
     "TuneConfig",
     "TuneFile",
     "TuneSource",
-    "launch_option_problem",
     "loads",
     "parse",
-    "unknown_launch_options",
-    "value_problem",
 ]
-
-Scalar: TypeAlias = int | float | bool | str
-"""A value a config may give a meta-parameter."""
 
 FORMAT_VERSION = 1
 """The only value the optional top-level ``version`` key may take."""
-
-LAUNCH_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-"""Launch keywords every config may set (positive integers)."""
-
-
-@attrs.frozen
-class LaunchOption:
-    """A vendor-specific launch keyword gemshal passes through to Triton.
-
-    A config's extra keyword reaches ``JITFunction.run`` beside ``num_warps`` (through
-    ``triton.Config``'s kwargs, or the fixed keywords of a single config), where Triton's
-    backend reads it as a compile option (``backend.parse_options``). Only names listed
-    in :data:`LAUNCH_OPTIONS` may be declared by a vendor (``VendorInfo.launch_options``).
-
-    Attributes:
-        name: The keyword, as the backend's options dataclass spells it.
-        kind: ``"int"`` (a non-negative integer), ``"bool"`` or ``"str"``.
-        backends: The Triton backends (``target.backend``) whose options take it.
-        choices: The values allowed, when the backend allows only a few.
-        doc: One line: what it does.
-    """
-
-    name: str
-    kind: str = attrs.field(validator=attrs.validators.in_(("int", "bool", "str")))
-    backends: tuple[str, ...]
-    choices: tuple[Scalar, ...] = ()
-    doc: str = ""
-
-    def problem(self, value: object) -> str | None:
-        """What is wrong with ``value`` for this option, or None."""
-        if self.kind == "bool":
-            ok = isinstance(value, bool)
-            want = "a boolean"
-        elif self.kind == "int":
-            ok = type(value) is int and value >= 0
-            want = "a non-negative integer"
-        else:
-            ok = isinstance(value, str) and bool(value)
-            want = "a non-empty string"
-        if ok and self.choices and value not in self.choices:
-            ok = False
-            want = "one of " + ", ".join(_show(c) for c in self.choices)
-        if ok:
-            return None
-        return f"launch option {self.name!r} must be {want}{_got(value)}"
-
-
-LAUNCH_OPTIONS: Mapping[str, LaunchOption] = MappingProxyType(
-    {
-        o.name: o
-        for o in (
-            LaunchOption(
-                "enable_fp_fusion",
-                "bool",
-                ("cuda", "hip", "xpu"),
-                doc="fuse multiplies and adds into FMA instructions",
-            ),
-            LaunchOption(
-                "grf_mode",
-                "str",
-                ("xpu",),
-                doc="register file size per thread on Intel GPUs (e.g. 'large')",
-            ),
-            LaunchOption(
-                "kpack",
-                "int",
-                ("hip",),
-                choices=(1, 2),
-                doc="elements packed per K step of AMD matrix instructions",
-            ),
-            LaunchOption(
-                "matrix_instr_nonkdim",
-                "int",
-                ("hip",),
-                choices=(0, 4, 16, 32),
-                doc="M/N size of the AMD matrix instruction (0: the compiler chooses)",
-            ),
-            LaunchOption(
-                "multibuffer",
-                "bool",
-                ("npu",),
-                doc="double-buffer loads on Ascend NPUs",
-            ),
-            LaunchOption(
-                "waves_per_eu",
-                "int",
-                ("hip",),
-                doc="occupancy hint: waves per execution unit on AMD GPUs (0: no hint)",
-            ),
-        )
-    }
-)
-"""Every vendor-specific launch keyword gemshal can pass to Triton, by name (sorted).
-
-These are what "the kernels know": a ``VendorInfo`` may declare any of them in
-``launch_options`` (and none other), and a tuning file may then set them on that
-vendor. ``num_warps``, ``num_stages``, ``num_ctas`` and ``maxnreg``
-(:data:`LAUNCH_KEYS`) are accepted on every vendor and are not declared."""
-
-
-def unknown_launch_options(names: Iterable[object]) -> str | None:
-    """Why ``names`` cannot be a vendor's launch options, or None when every one is known.
-
-    The message names the first offending key and lists the valid ones.
-    """
-    seen: set[str] = set()
-    for name in names:
-        if not isinstance(name, str):
-            return f"launch option names are strings; got {name!r}"
-        if name in LAUNCH_KEYS:
-            return (
-                f"{name!r} is a standard launch keyword, accepted on every vendor; declare "
-                f"only extra ones (known: {', '.join(LAUNCH_OPTIONS)})"
-            )
-        if name not in LAUNCH_OPTIONS:
-            close = difflib.get_close_matches(name, list(LAUNCH_OPTIONS), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            return (
-                f"unknown launch option {name!r}{hint}: gemshal's kernels can pass only "
-                f"these to Triton: {', '.join(LAUNCH_OPTIONS)} (and, on every vendor, "
-                f"{', '.join(LAUNCH_KEYS)})"
-            )
-        if name in seen:
-            return f"launch option {name!r} is listed twice"
-        seen.add(name)
-    return None
-
-
-def launch_option_problem(key: str, value: object) -> str | None:
-    """What is wrong with ``value`` for the extra launch keyword ``key``, or None."""
-    option = LAUNCH_OPTIONS.get(key)
-    if option is None:
-        return _scalar_problem(key, value)
-    return option.problem(value)
-
 
 LEVELS = ("user", "vendor-arch", "vendor", "default")
 """Source levels, highest precedence first."""
@@ -195,113 +62,15 @@ LEVELS = ("user", "vendor-arch", "vendor", "default")
 MAX_GRID = 4096
 """The most configs one grid may expand to; more is almost surely a typo."""
 
-MAX_TILE = 1 << 20
-"""The largest tile size a file may give, the most elements Triton allows in one tensor
-(``triton.language.TRITON_MAX_TENSOR_NUMEL``)."""
-
 _TOP_KEYS = ("version", "unused", "ops")
 _OP_KEYS = ("configs", "grid", "interpreter", "heuristics", "table")
-_META = re.compile(r"^[A-Z][A-Za-z0-9_]*$")
 _LOWER = re.compile(r"^[a-z][a-z0-9_]*$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Meta-parameters whose name says what they hold (docs/tuning.md, "Values"): tile sizes
-# (BLOCK_N, TILE_N, XBLOCK, VEC_SIZE), used as tl.arange extents, and group counts (GROUP_M).
-_SIZE_NAME = re.compile(r"^(BLOCK|TILE)(?![A-Za-z])|BLOCK$|_SIZE$")
-_COUNT_NAME = re.compile(r"^GROUP(?![A-Za-z])")
-_POWER_OF_TWO_LAUNCH = ("num_warps",)
-
-
-def _show(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value)
-
-
-def _type_name(value: object) -> str:
-    names = {bool: "boolean", int: "integer", float: "float", str: "string"}
-    names.update({list: "array", dict: "table"})
-    return names.get(type(value), "date-time" if hasattr(value, "isoformat") else "value")
 
 
 def _identity(value: object) -> object:
     # 1, 1.0 and true compare equal in Python but are different configs.
     return (type(value).__name__, value)
-
-
-def _positive_int(key: str, value: object) -> str | None:
-    if type(value) is int and value > 0:
-        return None
-    note = " (a boolean is not an integer)" if isinstance(value, bool) else ""
-    return f"key {key!r} must be a positive integer{note}; got {_show(value)}"
-
-
-def _is_power_of_two(value: object, most: int | None = None) -> bool:
-    if type(value) is not int or value <= 0 or value & (value - 1):
-        return False
-    return most is None or value <= most
-
-
-def _got(value: object) -> str:
-    note = " (a boolean is not an integer)" if isinstance(value, bool) else ""
-    return f"{note}; got {_type_name(value)} {_show(value)}"
-
-
-def _launch_problem(key: str, value: object) -> str | None:
-    if key in _POWER_OF_TWO_LAUNCH:
-        if _is_power_of_two(value):
-            return None
-        return f"key {key!r} must be a positive power of two (1, 2, 4, 8, ...){_got(value)}"
-    return _positive_int(key, value)
-
-
-def _meta_problem(key: str, value: object) -> str | None:
-    """What is wrong with ``value`` for meta-parameter ``key``, or None.
-
-    A tile size (``BLOCK*``, ``TILE*``, ``*BLOCK``, ``*_SIZE``) must be a power of two
-    from 1 to :data:`MAX_TILE`; a group count (``GROUP*``) a positive integer; any
-    other meta-parameter a scalar.
-    """
-    if _SIZE_NAME.search(key):
-        if _is_power_of_two(value, MAX_TILE):
-            return None
-        return (
-            f"key {key!r} is a tile size (a meta-parameter named BLOCK*, TILE*, *BLOCK or "
-            f"*_SIZE) and must be a power of two from 1 to {MAX_TILE}{_got(value)}"
-        )
-    if _COUNT_NAME.search(key):
-        if type(value) is int and value > 0:
-            return None
-        return (
-            f"key {key!r} is a group count (a meta-parameter named GROUP*) and must be a "
-            f"positive integer{_got(value)}"
-        )
-    return _scalar_problem(key, value)
-
-
-def value_problem(key: str, value: object) -> str | None:
-    """What is wrong with ``value`` as the value of config key ``key``, or None if nothing.
-
-    Launch keywords must be positive integers (``num_warps`` a power of two); tile-size
-    meta-parameters (``BLOCK*``, ``TILE*``, ``*BLOCK``, ``*_SIZE``) powers of two up to
-    :data:`MAX_TILE`; group counts (``GROUP*``) positive integers; other meta-parameters
-    and extra launch keywords integers, finite floats, booleans or strings.
-    """
-    if key in LAUNCH_KEYS:
-        return _launch_problem(key, value)
-    if _META.match(key):
-        return _meta_problem(key, value)
-    return _scalar_problem(key, value)
-
-
-def _scalar_problem(key: str, value: object) -> str | None:
-    if isinstance(value, bool | int | str):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"key {key!r} must be finite; got {value}"
-    return (
-        f"key {key!r} must be an integer, float, boolean or string; "
-        f"got {_type_name(value)} {_show(value)}"
-    )
 
 
 def _pairs(
@@ -314,7 +83,7 @@ def _pairs(
 def _check_pairs(pattern: re.Pattern[str], what: str) -> Any:
     def check(_inst: object, _a: object, value: tuple[tuple[str, Scalar], ...]) -> None:
         for key, item in value:
-            problem = _meta_problem(key, item) if pattern is _META else _scalar_problem(key, item)
+            problem = meta_problem(key, item) if pattern is META_NAME else scalar_problem(key, item)
             if not pattern.match(key) or key in LAUNCH_KEYS:
                 problem = f"{what} {key!r} does not match {pattern.pattern}"
             if problem:
@@ -327,7 +96,7 @@ def _check_opt_positive(
     _inst: object, attribute: attrs.Attribute[int | None], value: object
 ) -> None:
     if value is not None:
-        problem = _launch_problem(attribute.name, value)
+        problem = launch_keyword_problem(attribute.name, value)
         if problem:
             raise ConfigError(problem)
 
@@ -350,7 +119,7 @@ class TuneConfig:
     """
 
     meta: tuple[tuple[str, Scalar], ...] = attrs.field(
-        default=(), converter=_pairs, validator=_check_pairs(_META, "meta-parameter")
+        default=(), converter=_pairs, validator=_check_pairs(META_NAME, "meta-parameter")
     )
     num_warps: int | None = _opt_positive()
     num_stages: int | None = _opt_positive()
@@ -530,7 +299,7 @@ def _key_kind(where: str, key: str, extra: _Keys) -> str:
         return "launch"
     if key in extra:
         return "extra"
-    if _META.match(key):
+    if META_NAME.match(key):
         return "meta"
     if key in LAUNCH_OPTIONS:
         _fail(where, extra.refusal(key))
@@ -551,7 +320,7 @@ def _check_item(where: str, key: str, value: object, extra: _Keys) -> str:
 
 def _config(where: str, table: object, extra: _Keys) -> TuneConfig:
     if not isinstance(table, dict):
-        _fail(where, f"a config must be a table; got {_type_name(table)} {_show(table)}")
+        _fail(where, f"a config must be a table; got {type_name(table)} {show_value(table)}")
     if not table:
         _fail(where, "a config must set at least one key; got an empty table")
     meta: dict[str, Scalar] = {}
@@ -589,7 +358,7 @@ def _grid(where: str, value: object, extra: _Keys) -> tuple[TuneConfig, ...]:
         for item in values:
             _check_item(here, key, item, extra)
             if _identity(item) in seen:
-                _fail(here, f"key {key!r} lists {_show(item)} twice (duplicate config)")
+                _fail(here, f"key {key!r} lists {show_value(item)} twice (duplicate config)")
             seen.add(_identity(item))
         axes.append(values)
     size = math.prod(len(a) for a in axes)
@@ -605,25 +374,25 @@ def _grid(where: str, value: object, extra: _Keys) -> tuple[TuneConfig, ...]:
 def _table(where: str, value: object, extra: _Keys) -> tuple[TableRow, ...]:
     here = f"{where} key 'table'"
     if not isinstance(value, list):
-        _fail(here, f"must be an array of tables; got {_type_name(value)} {_show(value)}")
+        _fail(here, f"must be an array of tables; got {type_name(value)} {show_value(value)}")
     rows: list[TableRow] = []
     seen: dict[tuple[object, ...], int] = {}
     for i, item in enumerate(value):
         at = f"{here} row {i}"
         if not isinstance(item, dict):
-            _fail(at, f"must be a table; got {_type_name(item)} {_show(item)}")
+            _fail(at, f"must be a table; got {type_name(item)} {show_value(item)}")
         if "config" not in item:
             _fail(at, "needs 'config' (the config launched at this bucket)")
         config = _config(f"{at} config", item["config"], extra)
         dtype = item.get("dtype")
         if dtype is not None and (not isinstance(dtype, str) or not dtype):
-            _fail(at, f"'dtype' must be a dtype name such as 'bfloat16'; got {_show(dtype)}")
+            _fail(at, f"'dtype' must be a dtype name such as 'bfloat16'; got {show_value(dtype)}")
         when: dict[str, Scalar] = {}
         for key, v in item.items():
             if key in ("config", "dtype"):
                 continue
             if type(v) not in _TABLE_VALUE:
-                _fail(at, f"key {key!r} must be an integer, boolean or string; got {_show(v)}")
+                _fail(at, f"key {key!r} must be an integer, boolean or string; got {show_value(v)}")
             when[key] = v
         if not when:
             _fail(at, "names no key value (for example M = 8192, N = 2048)")
@@ -643,7 +412,7 @@ def _location(source: TuneSource, op: str) -> str:
 def _op(source: TuneSource, op: str, table: object, extra: _Keys) -> OpTuning:
     where = _location(source, op)
     if not isinstance(table, dict):
-        _fail(where, f"must be a table; got {_type_name(table)} {_show(table)}")
+        _fail(where, f"must be a table; got {type_name(table)} {show_value(table)}")
     unknown = sorted(set(table) - set(_OP_KEYS))
     if unknown:
         _fail(where, f"unknown key {unknown[0]!r}; valid keys: {', '.join(_OP_KEYS)}")
@@ -669,7 +438,7 @@ def _op(source: TuneSource, op: str, table: object, extra: _Keys) -> OpTuning:
         # A constant rule is a value like a config's; computed ones are checked by the kernel.
         if isinstance(rule.expr, str | Call):
             continue
-        if _META.match(rule.name) or rule.name in LAUNCH_KEYS:
+        if META_NAME.match(rule.name) or rule.name in LAUNCH_KEYS:
             problem = value_problem(rule.name, rule.expr)
         elif rule.name in extra:
             problem = launch_option_problem(rule.name, rule.expr)
@@ -713,13 +482,13 @@ def parse(
         _fail(where, f"unknown top-level key {unknown[0]!r}; valid keys: {', '.join(_TOP_KEYS)}")
     version = data.get("version", FORMAT_VERSION)
     if type(version) is not int or version != FORMAT_VERSION:
-        _fail(where, f"key 'version' must be {FORMAT_VERSION}; got {_show(version)}")
+        _fail(where, f"key 'version' must be {FORMAT_VERSION}; got {show_value(version)}")
     unused = data.get("unused", [])
     if not isinstance(unused, list) or not all(isinstance(u, str) and u for u in unused):
         _fail(where, f"key 'unused' must be an array of op names (strings); got {unused!r}")
     ops = data.get("ops", {})
     if not isinstance(ops, dict):
-        _fail(where, f"key 'ops' must be a table; got {_type_name(ops)}")
+        _fail(where, f"key 'ops' must be a table; got {type_name(ops)}")
     entries = {op: _op(source, op, table, keys) for op, table in ops.items()}
     return TuneFile(source, frozenset(unused), MappingProxyType(entries))
 

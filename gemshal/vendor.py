@@ -119,7 +119,7 @@ def _check_launch_options(
     inst: object, _attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
 ) -> None:
     from gemshal.errors import ConfigError
-    from gemshal.tune_format import unknown_launch_options
+    from gemshal.tune_values import unknown_launch_options
 
     problem = unknown_launch_options(value)
     if problem:
@@ -275,7 +275,7 @@ class VendorInfo:
         launch_options: Launch keywords its Triton accepts beyond ``num_warps``,
             ``num_stages``, ``num_ctas`` and ``maxnreg`` (AMD: ``waves_per_eu``,
             ``matrix_instr_nonkdim``, ``kpack``), each one of
-            :data:`gemshal.tune_format.LAUNCH_OPTIONS`; tuning files may set them on
+            :data:`gemshal.tune_values.LAUNCH_OPTIONS`; tuning files may set them on
             this vendor only, and they reach Triton as compile options.
         arch_features: Which of its architectures have which hardware features
             (:class:`ArchFeatures` rules); a device's ``features`` are the union of the

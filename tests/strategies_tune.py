@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from gemshal import tune
-from gemshal.tune_format import LAUNCH_KEYS
+from gemshal.tune_values import LAUNCH_KEYS
 
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
 

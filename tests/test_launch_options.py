@@ -19,7 +19,8 @@ import gemshal
 from gemshal import tune
 from gemshal.errors import ConfigError
 from gemshal.kernel import kernel
-from gemshal.tune_format import LAUNCH_KEYS, LAUNCH_OPTIONS, TuneSource, loads
+from gemshal.tune_format import TuneSource, loads
+from gemshal.tune_values import LAUNCH_KEYS, LAUNCH_OPTIONS
 from gemshal.vendor import VendorInfo
 
 AMD = tune.TuneContext(

@@ -26,7 +26,8 @@ from strategies_tune import (
 
 from gemshal import cli_config, tune
 from gemshal.errors import ConfigError
-from gemshal.tune_format import LAUNCH_KEYS, TuneConfig, TuneSource, loads
+from gemshal.tune_format import TuneConfig, TuneSource, loads
+from gemshal.tune_values import LAUNCH_KEYS
 
 CTX = tune.TuneContext(vendor="nvidia", arch="sm90", interpreter=False)
 LEVEL_FILES = {

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from strategies_tune import size_keys, size_values, toml_dumps
 
 import gemsops
-from gemshal import tune, tune_format
+from gemshal import tune, tune_values
 from gemshal.errors import ConfigError
 from gemshal.tune_format import TuneConfig, TuneSource, loads
 from gemsops.testing.strategies import target_device
@@ -30,7 +30,7 @@ SOURCE = TuneSource(Path("/x/t.toml"), "default", "tests")
 
 # The values the issue found accepted or failing late, and their neighbours.
 BAD_TILES = [-64, 0, 100, 3, 2**21, "64", True, 64.0]
-MAX_TILE = 2**20  # Triton's largest tensor: tune_format.MAX_TILE
+MAX_TILE = 2**20  # Triton's largest tensor: tune_values.MAX_TILE
 
 
 @pytest.fixture
@@ -141,10 +141,10 @@ def test_records_built_in_code_refuse_bad_sizes() -> None:
         TuneConfig({"BLOCK_N": -64})
     with pytest.raises(ConfigError, match="num_warps"):
         TuneConfig({"BLOCK_N": 64}, num_warps=12)
-    assert tune_format.value_problem("BLOCK_N", 64) is None
-    assert tune_format.value_problem("num_stages", 3) is None
-    assert "power of two" in (tune_format.value_problem("TILE_N", 96) or "")
-    assert tune_format.MAX_TILE == MAX_TILE
+    assert tune_values.value_problem("BLOCK_N", 64) is None
+    assert tune_values.value_problem("num_stages", 3) is None
+    assert "power of two" in (tune_values.value_problem("TILE_N", 96) or "")
+    assert tune_values.MAX_TILE == MAX_TILE
 
 
 def test_shipped_files_hold_only_valid_values() -> None:

@@ -53,7 +53,8 @@ from gemshal.errors import ConfigError
 from gemshal.kernel import compile as _compile
 from gemshal.kernel import launcher as _launcher
 from gemshal.kernel import plan as _plan
-from gemshal.tune_format import LAUNCH_KEYS, OpTuning, TuneConfig
+from gemshal.tune_format import OpTuning, TuneConfig
+from gemshal.tune_values import LAUNCH_KEYS
 
 __all__ = [
     "PROGRESS_ENV",
