@@ -18,10 +18,7 @@ import contextlib
 import json
 import math
 import re
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
@@ -30,8 +27,8 @@ import torch
 import gemshal
 from gemshal.kernel import tuned
 from gemshal.kernel.compile import wait_compiles
-from gemsops import registry
 from gemsops.bench_cases import BenchCase, Thunk, cases
+from gemsops.bench_host import host_overhead, host_profile, import_cost, kernel_profile
 from gemsops.bench_sides import flag_gems, sides_of, timer_for
 
 __all__ = ["BenchCase", "add_parser", "cases", "main", "output_problem"]
@@ -110,111 +107,6 @@ def run_cases(
         del fn
     _progress(len(selected), len(selected), "done")
     return copy_gbs, rows
-
-
-def kernel_profile(fn: Thunk, *, calls: int = 5, rows: int = 8) -> str:
-    """``torch.profiler``'s table of ``calls`` calls of ``fn``: the busiest ops and kernels
-    (device time where the profiler sees the device, else CPU time)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    supported = torch.profiler.supported_activities()  # type: ignore[no-untyped-call]
-    activities = [a for a in supported if a != ProfilerActivity.CPU]
-    on_device = bool(activities) and not gemshal.current_vendor().is_cpu
-    with profile(activities=[ProfilerActivity.CPU, *(activities if on_device else [])]) as prof:
-        for _ in range(calls):
-            fn()
-        if on_device:
-            gemshal.device_module().synchronize()
-    sort = "self_device_time_total" if on_device else "self_cpu_time_total"
-    return str(prof.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=60))
-
-
-def host_overhead(
-    dev: torch.device, *, calls: int = 2000, issued: int = 200, repeats: int = 5
-) -> list[dict[str, Any]]:
-    """Microseconds per call on tiny tensors, per side, medians of ``repeats``.
-
-    ``{side}_host_us``: the wall time of issuing ``issued`` calls after a synchronize,
-    fewer than a device's launch queue holds, so no call waits for the device: the host
-    time a user pays per op. ``{side}_us``: ``calls`` calls and one synchronize, which
-    also shows the device's time when a kernel is slower than the host.
-    """
-    module = gemshal.device_module()
-    peer = flag_gems()
-    tiny: dict[str, tuple[Callable[[torch.Tensor], Any], tuple[int, ...]]] = {
-        "add 1024": (lambda a: torch.add(a, a), (1024,)),
-        "softmax 64x1024": (lambda a: torch.softmax(a, -1), (64, 1024)),
-        "sum 64x1024": (lambda a: a.sum(-1), (64, 1024)),
-        "mm 64x64x64": (lambda a: torch.mm(a, a), (64, 64)),
-    }
-    rows = []
-    for label, (fn, shape) in tiny.items():
-        x = torch.randn(shape, device=dev)
-        row: dict[str, Any] = {"case": label}
-        for side, context in sides_of(peer).items():
-            with context():
-                for _ in range(50):
-                    fn(x)
-                host, total = [], []
-                for _ in range(repeats):
-                    module.synchronize()
-                    start = time.perf_counter()
-                    for _ in range(issued):
-                        fn(x)
-                    host.append((time.perf_counter() - start) / issued * 1e6)
-                    module.synchronize()
-                    start = time.perf_counter()
-                    for _ in range(calls):
-                        fn(x)
-                    module.synchronize()
-                    total.append((time.perf_counter() - start) / calls * 1e6)
-                row[f"{side}_host_us"] = statistics.median(host)
-                row[f"{side}_us"] = statistics.median(total)
-        for side in sides_of(peer):
-            if side != "torch":
-                row[f"{side}_host_over_torch"] = row[f"{side}_host_us"] / row["torch_host_us"]
-        rows.append(row)
-    return rows
-
-
-def host_profile(dev: torch.device, path: str, *, calls: int = 2000) -> None:
-    """Write a cProfile of ``calls`` tiny adds through ``use_gems`` (time per function)."""
-    import cProfile
-    import io
-    import pstats
-
-    x = torch.randn(1024, device=dev)
-    with registry.use_gems():
-        for _ in range(50):
-            torch.add(x, x)
-        profile = cProfile.Profile()
-        profile.enable()
-        for _ in range(calls):
-            torch.add(x, x)
-        profile.disable()
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
-    with open(path, "w") as fh:
-        fh.write(f"cProfile of {calls} x torch.add(x, x), x = 1024 floats, under use_gems\n")
-        fh.write(text.getvalue())
-
-
-def import_cost(runs: int = 3) -> dict[str, float]:
-    """Fresh-process seconds: ``import torch, triton`` against ``import gemsops; enable()``."""
-    scripts = {
-        "torch_triton_s": "import torch, triton",
-        "gemsops_enable_s": "import torch, triton, gemsops; gemsops.enable()",
-    }
-    out = {}
-    for key, code in scripts.items():
-        samples = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-            samples.append(time.perf_counter() - start)
-        out[key] = statistics.median(samples)
-    out["overhead_s"] = out["gemsops_enable_s"] - out["torch_triton_s"]
-    return out
 
 
 def _table(rows: list[dict[str, Any]], copy_gbs: float) -> str:
@@ -526,13 +418,16 @@ def _models_suite(args: argparse.Namespace) -> int:
         result["rows"] = rows
         _save(result, args.json)
 
-    bench_suite.measure_suite(selected, dev=dev.torch_device, interpreter=dev.interpreter,
-                              on_row=on_row)
+    bench_suite.measure_suite(
+        selected, dev=dev.torch_device, interpreter=dev.interpreter, on_row=on_row
+    )
     result["tuned"] = tuned()
     _save(result, args.json)
-    print(f"gemsops bench --suite models on {dev.as_dict().get('name')}; torch "
-          f"{result['torch']}, triton {result['triton']}, FlagGems "
-          f"{result['flag_gems'] or 'not installed'}")
+    print(
+        f"gemsops bench --suite models on {dev.as_dict().get('name')}; torch "
+        f"{result['torch']}, triton {result['triton']}, FlagGems "
+        f"{result['flag_gems'] or 'not installed'}"
+    )
     for line in bench_suite.suite_lines(result["rows"], result["graph_skipped"]):
         print(line)
     return 0
