@@ -19,7 +19,6 @@ import difflib
 import threading
 import time
 import warnings
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,16 @@ from gemshal.errors import GemshalError
 from gemshal.kernel.compile import SCOPE as _COMPILE_SCOPE
 from gemshal.kernel.compile import KernelCompiling
 from gemsops import declare
+from gemsops.call_record import (
+    COMPILING,
+    INSIDE,
+    OPEN_RECORDS,
+    CallRecord,
+    in_gemsops,
+    note_handed_back,
+    record,
+    running,
+)
 from gemsops.errors import GemsopsError, UnknownOpError, Unsupported
 from gemsops.wrapped_numbers import TensorParams, numbers_as_tensors, tensor_params
 
@@ -38,6 +47,7 @@ if TYPE_CHECKING:
     from gemsops.native import Plan
 
 __all__ = [
+    "COMPILING",
     "CallRecord",
     "aten_overload",
     "base_name",
@@ -149,111 +159,10 @@ def resolve_names(names: Iterable[str] | str) -> frozenset[str]:
     return frozenset(out)
 
 
-@attrs.define
-class CallRecord:
-    """Per aten overload: calls served by gemsops, and calls handed to torch with the reason.
-
-    Attributes:
-        served: Calls served by gemsops, by overload.
-        fallbacks: Calls handed to torch, by (overload, reason).
-        overrides: Overload -> the vendor override that served its calls
-            (``"plugin.module.fn [vendor]"``), for the served overloads a vendor's own
-            implementation serves instead of the portable one; their counts are in
-            ``served``.
-    """
-
-    served: Counter[str] = attrs.field(factory=Counter)
-    fallbacks: Counter[tuple[str, str]] = attrs.field(factory=Counter)
-    overrides: dict[str, str] = attrs.field(factory=dict)
-
-    def summary(self) -> str:
-        """The record as text: one line per overload served (naming the vendor override
-        that served it, if one did) and per (overload, reason) handed back."""
-        lines = []
-        for op, count in sorted(self.served.items()):
-            by = f"  by vendor override {self.overrides[op]}" if op in self.overrides else ""
-            lines.append(f"{op}: {count} served{by}")
-        for (op, reason), count in sorted(self.fallbacks.items()):
-            lines.append(f"{op}: {count} handed back to torch ({reason})")
-        return "\n".join(lines) or "no calls"
-
-    def fallback_ops(self) -> dict[str, list[str]]:
-        """Overload -> the distinct reasons it was handed back to torch."""
-        out: dict[str, list[str]] = {}
-        for op, reason in self.fallbacks:
-            out.setdefault(op, []).append(reason)
-        return out
-
-
-_RECORDS: list[CallRecord] = []
-
-
-@contextlib.contextmanager
-def record() -> Iterator[CallRecord]:
-    """Count, inside the block, which aten calls gemsops served and which it handed back."""
-    rec = CallRecord()
-    _RECORDS.append(rec)
-    from gemsops import native
-
-    start = native.hit_counts()
-    try:
-        yield rec
-    finally:
-        # Calls the native replay served (gemsops.native) never reach Python.
-        for overload, hits in native.hit_counts().items():
-            if hits > start.get(overload, 0):
-                rec.served[overload] += hits - start.get(overload, 0)
-        # By identity: records compare by value, and nested blocks may hold equal ones.
-        for i, open_rec in enumerate(_RECORDS):
-            if open_rec is rec:
-                del _RECORDS[i]
-                break
-
-
-def note_handed_back(name: str, reason: str) -> None:
-    """Count, in every open ``record()``, one piece of work torch did instead of gemsops
-    outside a served aten call (a backward of a gemsops autograd function)."""
-    for rec in _RECORDS:
-        rec.fallbacks[(name, reason)] += 1
-
-
-class _Inside(threading.local):
-    """Whether this thread is inside a gemsops implementation right now, and whether
-    the last served call was served (True) or handed back to torch (False)."""
-
-    depth = 0
-    served = False
-
-
-_INSIDE = _Inside()
-
-
-@contextlib.contextmanager
-def running() -> Iterator[None]:
-    """Mark the block as gemsops' own work, as while a served aten call runs.
-
-    Aten calls made inside go straight to torch's kernels, uncounted. The backward of a
-    gemsops autograd function (run by autograd, outside any served call) uses it.
-    """
-    before = _INSIDE.depth
-    _INSIDE.depth = before + 1
-    try:
-        yield
-    finally:
-        _INSIDE.depth = before
-
-
-def in_gemsops() -> bool:
-    """Whether this thread is running gemsops' own work (a served call, or ``running()``)."""
-    return _INSIDE.depth > 0
-
-
-COMPILING = "compiling in the background"
-"""The fallback reason of a call served by torch while its kernel compiles."""
-
-
 _DELIBERATE = (GemsopsError, GemshalError)
 """Errors an implementation raises on purpose (a bad setting): they reach the caller."""
+
+
 def _reason(error: Exception) -> str:
     """The fallback reason for an error an implementation raised: its type and first line."""
     lines = str(error).strip().splitlines()
@@ -269,7 +178,7 @@ def _writes_an_argument(overload: str) -> bool:
 
 
 def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[..., Any]:
-    inside = _INSIDE
+    inside = INSIDE
     by_override = override(overload)
     # An overload that writes no argument may have its first launch compile in the
     # background and serve the call with torch's kernel meanwhile: torch recomputes the
@@ -297,7 +206,7 @@ def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[...,
 
     def fallback(keyset: Any, reason: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         inside.served = False
-        for rec in _RECORDS:
+        for rec in OPEN_RECORDS:
             rec.fallbacks[(overload, reason)] += 1
         return to_torch(keyset, args, kwargs)
 
@@ -327,7 +236,7 @@ def _wrap(overload: str, fn: Callable[..., Any], original: Any) -> Callable[...,
             inside.depth = 0
             scope.defer = False
         inside.served = True
-        for rec in _RECORDS:
+        for rec in OPEN_RECORDS:
             rec.served[overload] += 1
             if by_override is not None:
                 rec.overrides[overload] = by_override
@@ -396,8 +305,9 @@ def _autograd_key(key: str) -> str | None:
     return name if name in torch._C.DispatchKey.__members__ else None
 
 
-def served_kernel(overload: str, fn: Callable[..., Any],
-                  key: str) -> tuple[Callable[..., Any], bool]:
+def served_kernel(
+    overload: str, fn: Callable[..., Any], key: str
+) -> tuple[Callable[..., Any], bool]:
     """The kernel that serves ``overload`` with ``fn`` at dispatch key ``key`` (handing
     what ``fn`` cannot take to torch's kernel there), and whether torch has none there.
 
@@ -455,8 +365,9 @@ def _register(overloads: frozenset[str]) -> _Active:
                 library.impl(name, kernel, key, with_keyset=True)  # type: ignore[no-untyped-call]
             served.add(overload)
             slots.append((name, key))
-    return _Active(frozenset(served), library, (frozenset(), None), skipped, tuple(slots),
-                   tuple(handles))
+    return _Active(
+        frozenset(served), library, (frozenset(), None), skipped, tuple(slots), tuple(handles)
+    )
 
 
 def _native_on() -> bool:
@@ -494,8 +405,9 @@ def _native_plan(overload: str) -> Plan | None:
     return native.plan(overload, source(overload))
 
 
-def _serve_native(library: Any, overload: str, name: str, key: str, kernel: Any, how: Plan,
-                  handles: list[int]) -> None:
+def _serve_native(
+    library: Any, overload: str, name: str, key: str, kernel: Any, how: Plan, handles: list[int]
+) -> None:
     """The native kernel at ``key``; the Python kernel one level down, at PrivateUse3
     (keyed misses, recorded) and PrivateUse2 (calls the native kernel cannot key)."""
     from gemsops import native

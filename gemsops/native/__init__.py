@@ -276,7 +276,7 @@ def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
     the replayable ops read through ``extra`` (the float32 matmul precision)."""
     from gemshal.kernel import recording
     from gemshal.kernel.launcher import stubbed
-    from gemsops import registry
+    from gemsops import call_record
     from gemsops.native import recipe
     from gemsops.ops import witness
 
@@ -285,7 +285,7 @@ def recorder(overload: str, kernel: Callable[..., Any], schema: Any,
     forced = setting() == "1"
     workspaces, witnessed, device_only = how
 
-    inside = registry._INSIDE
+    inside = call_record.INSIDE
 
     def record(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         before = witness.COUNT[0]

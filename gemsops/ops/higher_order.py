@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from gemshal.kernel.compile import KernelCompiling, deferring
-from gemsops.registry import COMPILING, note_handed_back, running
+from gemsops.call_record import COMPILING, note_handed_back, running
 
 __all__ = ["gems_backward", "higher_order", "torch_gradients"]
 
