@@ -4,6 +4,9 @@ graph (kernel time), in one process: torch; gemsops' portable tile kernel (the r
 unaligned products); the persistent kernel with the unaligned matrix through pointers
 (``persistent.POINTER_OPERANDS`` on); and the persistent kernel at
 each config of its tuning entry (the best one, to see whether a table row would help).
+Then ViT-B/16's attention products at 32 images (bmm, 384 heads of 197 tokens by 64:
+rows of 197 elements are not 16-byte aligned), the compiled ViT's 10 ms loss with
+matmuls kept (docs/compile.md), torch against both routes.
 
     python3 .ci/head_probe.py [--quick]
 
@@ -88,3 +91,30 @@ for model, t, vocab in CASES:
                 if best:
                     row.append(f"best config {best[0]:.1f} ({torch_us / best[0]:.2f}x) {best[1]}")
         print("; ".join(row), flush=True)
+
+
+# ViT-B/16, 32 images: scores = q @ k^T and out = p @ v, per head (batch 32 x 12 heads).
+q = torch.randn(384, 197, 64, device="cuda", dtype=BF16)
+k = torch.randn(384, 197, 64, device="cuda", dtype=BF16)
+p = torch.softmax(torch.randn(384, 197, 197, device="cuda", dtype=BF16), -1)
+for what, a, b in (("vit scores", q, k.transpose(1, 2)), ("vit p@v", p, k),
+                   ("vit dp", q, k.transpose(1, 2).contiguous()),
+                   ("vit dv", p.transpose(1, 2), q)):
+    want = torch.bmm(a.float(), b.float()).to(BF16)
+
+    def run(a=a, b=b):
+        return torch.bmm(a, b)
+
+    torch_us = graph_us(run)
+    row = [f"{what} {tuple(a.shape)}@{tuple(b.shape)}: torch {torch_us:.1f}"]
+    with gemsops.use_gems():
+        for label, pointers in (("portable", False), ("pointers", True)):
+            persistent.POINTER_OPERANDS = pointers
+            replay.clear()
+            with waiting():
+                got = run()
+            tol = 0.05 + 1e-2 * want.float().abs().max().item()
+            ok = (got.float() - want.float()).abs().max().item() < tol
+            us = graph_us(run)
+            row.append(f"{label} {us:.1f} ({torch_us / us:.2f}x{'' if ok else ' WRONG'})")
+    print("; ".join(row), flush=True)
