@@ -6,7 +6,8 @@ unaligned products); the persistent kernel with the unaligned matrix through poi
 each config of its tuning entry (the best one, to see whether a table row would help).
 Then ViT-B/16's attention products at 32 images (bmm, 384 heads of 197 tokens by 64:
 rows of 197 elements are not 16-byte aligned), the compiled ViT's 10 ms loss with
-matmuls kept (docs/compile.md), torch against both routes.
+matmuls kept (docs/compile.md), and 768-wide decode linears: torch against both routes
+and against the portable kernel with SPLIT_K a category of its table lookup.
 
     python3 .ci/head_probe.py [--quick]
 
@@ -22,6 +23,7 @@ import torch
 import triton.testing
 
 import gemshal
+import gemshal.tune
 import gemsops
 from gemshal.kernel.compile import waiting
 from gemsops.ops.matmul import mm as MM
@@ -93,28 +95,43 @@ for model, t, vocab in CASES:
         print("; ".join(row), flush=True)
 
 
-# ViT-B/16, 32 images: scores = q @ k^T and out = p @ v, per head (batch 32 x 12 heads).
+# ViT-B/16, 32 images: scores = q @ k^T and out = p @ v, per head (batch 32 x 12 heads);
+# and 768-wide decode linears (4 and 16 rows). The portable kernel's picks there come
+# from rows of another SPLIT_K (docs/performance.md, twenty-fourth session); "category"
+# is the same route with SPLIT_K declared a category (only rows of the call's split).
+def with_categories(on: bool) -> None:
+    MM._mm_kernel.categories = frozenset({"SPLIT_K"} if on else ())
+    gemshal.tune.clear_cache()  # a new tuning generation: the kernel chooses again
+    replay.clear()
+
+
 q = torch.randn(384, 197, 64, device="cuda", dtype=BF16)
 k = torch.randn(384, 197, 64, device="cuda", dtype=BF16)
 p = torch.softmax(torch.randn(384, 197, 197, device="cuda", dtype=BF16), -1)
-for what, a, b in (("vit scores", q, k.transpose(1, 2)), ("vit p@v", p, k),
-                   ("vit dp", q, k.transpose(1, 2).contiguous()),
-                   ("vit dv", p.transpose(1, 2), q)):
-    want = torch.bmm(a.float(), b.float()).to(BF16)
+w768 = torch.randn(768, 768, device="cuda", dtype=BF16) / 768 ** 0.5
+cases = [("vit scores", q, k.transpose(1, 2)), ("vit p@v", p, k),
+         ("vit dp", q, k.transpose(1, 2).contiguous()), ("vit dv", p.transpose(1, 2), q)]
+cases += [(f"decode {m}x768x768", torch.randn(m, 768, device="cuda", dtype=BF16), w768.t())
+          for m in (4, 16)]
+for what, a, b in cases:
+    want = (a.float() @ b.float()).to(BF16)
 
     def run(a=a, b=b):
-        return torch.bmm(a, b)
+        return torch.bmm(a, b) if a.dim() == 3 else torch.mm(a, b)
 
     torch_us = graph_us(run)
     row = [f"{what} {tuple(a.shape)}@{tuple(b.shape)}: torch {torch_us:.1f}"]
     with gemsops.use_gems():
-        for label, pointers in (("portable", False), ("pointers", True)):
+        for label, pointers, categories in (("portable", False, False),
+                                            ("category", False, True),
+                                            ("pointers", True, False)):
             persistent.POINTER_OPERANDS = pointers
-            replay.clear()
+            with_categories(categories)
             with waiting():
                 got = run()
             tol = 0.05 + 1e-2 * want.float().abs().max().item()
             ok = (got.float() - want.float()).abs().max().item() < tol
             us = graph_us(run)
             row.append(f"{label} {us:.1f} ({torch_us / us:.2f}x{'' if ok else ' WRONG'})")
+    with_categories(False)
     print("; ".join(row), flush=True)

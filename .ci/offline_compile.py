@@ -408,7 +408,8 @@ def _matmul_cases() -> list[Case]:
     BERT's and GPT-2's vocabularies, whose 30522 and 50257 columns are not 16-byte
     aligned (the portable kernel's route, and with ``POINTER_OPERANDS`` the persistent
     kernel reading or writing that matrix through pointers), and at Llama's aligned
-    128256."""
+    128256; then ViT-B/16's attention products at 32 images (bmm over 384 heads of 197
+    tokens by 64, rows not 16-byte aligned either)."""
     import torch
 
     from gemsops.ops import replay
@@ -419,7 +420,7 @@ def _matmul_cases() -> list[Case]:
         persistent.POINTER_OPERANDS = pointers  # the route a GPU run has not yet timed
         replay.clear()  # the replay memo would launch the route it saw first
         try:
-            MM.mm(a, b)
+            MM.bmm(a, b) if a.dim() == 3 else MM.mm(a, b)
         finally:
             persistent.POINTER_OPERANDS = False
 
@@ -434,6 +435,12 @@ def _matmul_cases() -> list[Case]:
             cases.append((f"head fwd {t}x{vocab}x{h}{how}", _bind(product, x, w.t(), pointers)))
             cases.append((f"head dx {t}x{h}x{vocab}{how}", _bind(product, dy, w, pointers)))
             cases.append((f"head dw {vocab}x{h}x{t}{how}", _bind(product, dy.t(), x, pointers)))
+    q, k, p = _t(384, 197, 64, dtype=bf16), _t(384, 197, 64, dtype=bf16), _t(384, 197, 197, dtype=bf16)
+    for pointers in (False, True):
+        how = " pointers" if pointers else ""
+        cases.append((f"vit scores 384x197x197x64{how}", _bind(product, q, k.transpose(1, 2), pointers)))
+        cases.append((f"vit p@v 384x197x64x197{how}", _bind(product, p, k, pointers)))
+        cases.append((f"vit dv 384x197x64x197{how}", _bind(product, p.transpose(1, 2), q, pointers)))
     return cases
 
 

@@ -402,6 +402,54 @@ def test_nearest_row_is_exact_when_one_matches_and_else_closest(
         assert not exact and row is rows[min(usable)[1]]
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(0, 20),
+    st.integers(0, 3),
+    st.lists(st.tuples(st.integers(0, 20), st.integers(0, 3)), min_size=1, max_size=6),
+)
+def test_a_category_key_serves_only_rows_of_its_value(
+    size: int, split: int, rows_exp: list[tuple[int, int]]
+) -> None:
+    """Property: with SPLIT as a category, nearest_row picks, among the rows whose SPLIT
+    is the call's, the first of least log-distance in M (None when no row has it);
+    without categories SPLIT is a size like M and any row may serve."""
+    when = {"M": 1 << size, "SPLIT": 1 << split}
+    rows = [TableRow({"M": 1 << m, "SPLIT": 1 << s}, None, TuneConfig({"BLOCK": 1 << i}))
+            for i, (m, s) in enumerate(rows_exp)]
+    row, exact = plan.nearest_row(rows, when, "float32", ("SPLIT",))
+    same = [(abs(m - size), i) for i, (m, s) in enumerate(rows_exp) if s == split]
+    if not same:
+        assert row is None and not exact
+    else:
+        best = min(same)
+        assert row is rows[best[1]] and exact == (best[0] == 0)
+    anywhere = min((abs(m - size) + abs(s - split), i) for i, (m, s) in enumerate(rows_exp))
+    assert plan.nearest_row(rows, when, "float32")[0] is rows[anywhere[1]]
+
+
+def test_a_category_row_of_another_value_is_never_launched(
+    gpu_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel declaring SPLIT a category launches the row of its own SPLIT value even
+    where a row of another value is nearer in size, and the first config where no row
+    has its value; without the declaration the nearer row serves."""
+    (gpu_dir / "nvidia.toml").write_text(
+        "[ops.k]\nconfigs = [{ BLOCK = 64 }, { BLOCK = 16 }]\ntable = [\n"
+        '    { n = 256, SPLIT = 2, config = { BLOCK = 32 } },\n'
+        '    { n = 8192, SPLIT = 1, config = { BLOCK = 128 } },\n]\n')
+    monkeypatch.setattr(triton, "autotune", None)
+    class SplitJit(FakeJit):
+        arg_names: ClassVar[list[str]] = ["x", "n", "SPLIT", "BLOCK"]
+
+    for categories, want in (((), [32, 32, 32]), (["SPLIT"], [128, 32, 64])):
+        fake = SplitJit()
+        k = declare("k", key=["n", "SPLIT"], categories=categories)(fake)
+        for n, split in ((256, 1), (256, 2), (256, 4)):
+            k[(1,)](torch.empty(4), n, SPLIT=split)
+        assert [launch["BLOCK"] for launch in fake.launches] == want, categories
+
+
 def test_bucket_rounds_positive_ints_up_to_a_half_octave() -> None:
     """bucket: up to the next power of two or three quarters of one (1, 2, 3, 4, 6, 8,
     12, ...: 768 -> 768, 769 -> 1024, 1025 -> 1536); 0, bools and others unchanged."""
@@ -565,6 +613,10 @@ def test_decoration_errors_name_the_bad_value() -> None:
         declare("k", rules={"BLOCK": 4})(FakeJit())  # type: ignore[dict-item]
     with pytest.raises(ValueError, match="'Z'"):
         declare("k", rules={"Z": lambda a: 1})(FakeJit())
+    with pytest.raises(ValueError, match=r"categories names 'x', not in the kernel's key \(n\)"):
+        declare("k", key=["n"], categories=["x"])(FakeJit())
+    with pytest.raises(TypeError, match="categories must be a list"):
+        declare("k", key=["n"], categories="n")  # type: ignore[arg-type]
 
 
 def test_launch_errors_name_file_op_and_key(gpu_dir: Path) -> None:

@@ -281,6 +281,7 @@ class Kernel:
         prune: Mapping[str, Any] | None,
         reset_to_zero: Sequence[str],
         restore_value: Sequence[str],
+        categories: Sequence[str] = (),
     ) -> None:
         names = getattr(fn, "arg_names", None)
         if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
@@ -289,6 +290,13 @@ class Kernel:
         self.op = op
         self.arg_names: tuple[str, ...] = tuple(names)
         self.keys = _check_names("key", key, self.arg_names)
+        outside = [n for n in categories if n not in self.keys]
+        if outside:
+            raise ValueError(
+                f"categories names {', '.join(map(repr, outside))}, not in the kernel's key "
+                f"({', '.join(self.keys) or 'empty'}); a category is a key value"
+            )
+        self.categories = frozenset(categories)
         self.reset_to_zero = _check_names("reset_to_zero", reset_to_zero, self.arg_names)
         self.restore_value = _check_names("restore_value", restore_value, self.arg_names)
         valid = [*self.arg_names, *LAUNCH_KEYS]
@@ -559,7 +567,7 @@ class Kernel:
         if state.policy == "first":
             row, exact = None, False  # every bucket: the first config the pruning keeps
         else:
-            row, exact = _plan.nearest_row(state.table, when, dtype)
+            row, exact = _plan.nearest_row(state.table, when, dtype, self.categories)
         if state.policy == "all" or (state.policy == "uncovered" and not exact):
             return ckey, None, []  # benchmark
         order = _plan.config_order(
@@ -961,6 +969,7 @@ def kernel(
     reset_to_zero: Sequence[str] = (),
     restore_value: Sequence[str] = (),
     defer: bool = True,
+    categories: Sequence[str] = (),
 ) -> Callable[[Any], Kernel]:
     """Declare a ``@triton.jit`` kernel with its op's tuning entry.
 
@@ -978,6 +987,9 @@ def kernel(
             False for kernels whose results depend on who serves the call (the random
             kernels: torch's generator would give other numbers); their first launch
             compiles on the calling thread.
+        categories: Integer names in ``key`` that are not sizes (a split count, a mode):
+            a table row for another value of one never serves a call as its nearest
+            bucket. Other integer keys are sizes, compared on a log scale.
 
     Returns:
         A decorator making a :class:`Kernel`.
@@ -986,7 +998,8 @@ def kernel(
         TypeError: ``key`` is a string, a rule is not callable, or the decorated object
             is no Triton kernel.
         ValueError: a name in ``key``, ``rules``, ``reset_to_zero`` or ``restore_value``
-            is not a kernel argument, or ``prune`` has unknown keys.
+            is not a kernel argument, a name in ``categories`` is not in ``key``, or
+            ``prune`` has unknown keys.
     """
     if not isinstance(op, str) or not op:
         raise ValueError(f"op must be a non-empty string naming the tuning entry; got {op!r}")
@@ -994,6 +1007,7 @@ def kernel(
         ("key", key),
         ("reset_to_zero", reset_to_zero),
         ("restore_value", restore_value),
+        ("categories", categories),
     ):
         if isinstance(names, str):
             raise TypeError(
@@ -1013,7 +1027,16 @@ def kernel(
         raise TypeError(f"defer must be True or False; got {defer!r}")
 
     def decorate(fn: Any) -> Kernel:
-        made = Kernel(fn, op, key, rules or {}, prune_by, reset_to_zero or (), restore_value or ())
+        made = Kernel(
+            fn,
+            op,
+            key,
+            rules or {},
+            prune_by,
+            reset_to_zero or (),
+            restore_value or (),
+            categories,
+        )
         made.defer = defer
         return made
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gemshal.errors import ConfigError
@@ -91,15 +91,18 @@ def bucket(value: Any) -> Any:
     return value
 
 
-def _distance(row: TableRow, when: Mapping[str, Any]) -> float | None:
-    # Log-scale distance between a row's bucket and ours; None when a flag differs or
-    # the row names a key the kernel does not have.
+def _distance(row: TableRow, when: Mapping[str, Any], categories: Collection[str]) -> float | None:
+    # Log-scale distance between a row's bucket and ours; None when a flag or a category
+    # differs or the row names a key the kernel does not have.
     total = 0.0
     for name, value in row.when:
         if name not in when:
             return None
         mine = when[name]
-        if type(value) is int and type(mine) is int and value > 0 and mine > 0:
+        if name in categories:
+            if value != mine:
+                return None
+        elif type(value) is int and type(mine) is int and value > 0 and mine > 0:
             total += abs(math.log2(value) - math.log2(mine))
         elif value != mine:
             return None
@@ -107,7 +110,10 @@ def _distance(row: TableRow, when: Mapping[str, Any]) -> float | None:
 
 
 def nearest_row(
-    rows: Sequence[TableRow], when: Mapping[str, Any], dtype: str | None
+    rows: Sequence[TableRow],
+    when: Mapping[str, Any],
+    dtype: str | None,
+    categories: Collection[str] = (),
 ) -> tuple[TableRow | None, bool]:
     """The table row for a bucket: ``(row, exact)``.
 
@@ -117,15 +123,17 @@ def nearest_row(
     this call's bucket and its dtype is this call's (or it names none); among exact rows
     the one naming the most keys wins, then one naming the dtype, then the earlier.
     Otherwise the nearest row on a log scale of the sizes, among rows of the same dtype
-    (or of any dtype when none has it), whose flags (non-integer key values) are the
-    call's; the earlier row wins a tie. ``(None, False)`` when no row qualifies.
+    (or of any dtype when none has it), whose flags (non-integer key values) and
+    ``categories`` (integer keys the kernel declares are not sizes, such as a split
+    count) are the call's; the earlier row wins a tie. ``(None, False)`` when no row
+    qualifies.
     """
     best: TableRow | None = None
     best_rank: tuple[int, float] | None = None
     found: TableRow | None = None
     found_rank: tuple[int, int] | None = None
     for row in rows:
-        distance = _distance(row, when)
+        distance = _distance(row, when, categories)
         if distance is None:
             continue
         same_dtype = row.dtype is None or row.dtype == dtype
