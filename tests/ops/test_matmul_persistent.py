@@ -113,6 +113,14 @@ def test_pointer_operands_admit_unaligned_matrices(with_descriptors: None,
     assert not persistent.eligible(seven, torch.randn(7, 7, dtype=h),
                                    torch.empty(32, 7, dtype=h))
     assert not persistent.eligible(torch.randn(64, 64, dtype=h)[::2, ::2], b, c)
+    # ViT's attention: batches of 197x197 scores start off 16-byte boundaries (pointers),
+    # q and k's batches of 197x64 on them (descriptors)
+    q, k = torch.randn(3, 197, 64, dtype=h), torch.randn(3, 197, 64, dtype=h)
+    scores = torch.empty(3, 197, 197, dtype=h)
+    assert persistent.eligible(q, k.transpose(1, 2), scores)
+    assert persistent.eligible(scores, k, torch.empty(3, 197, 64, dtype=h))
+    monkeypatch.setattr(persistent, "POINTER_OPERANDS", False)
+    assert not persistent.eligible(q, k.transpose(1, 2), scores)
 
 
 RAGGED = st.integers(1, 70)  # any width: most are not 16-byte multiples of halves
@@ -145,6 +153,24 @@ def test_persistent_kernel_reads_unaligned_matrices_through_pointers(
     if s is not None:
         want = want + s.float()
     assert_close(c, want.to(dtype), reduce_size=k)
+
+
+@pytest.mark.skipif(not RUNS_KERNEL, reason="this device has no tensor descriptors")
+@pytest.mark.parametrize("tokens", [13, 24])
+def test_batches_starting_off_16_byte_boundaries_go_through_pointers(tokens: int) -> None:
+    """Attention's two products at a ViT-like 13 tokens (batch entries of 13x13 halves
+    start off 16-byte boundaries; 24 tokens: every matrix aligned), as the persistent
+    kernel's ``q @ k^T`` and ``p @ v``: equal to torch's float32 products."""
+    dtype = torch.bfloat16
+    q = torch.randn(3, tokens, 16, dtype=dtype, device=DEV)
+    k = torch.randn(3, tokens, 16, dtype=dtype, device=DEV)
+    scores = torch.empty(3, tokens, tokens, dtype=dtype, device=DEV)
+    persistent.launch(q, k.transpose(1, 2), scores, None, 1.0, 0.0)
+    assert_close(scores, (q.float() @ k.float().transpose(1, 2)).to(dtype), reduce_size=16)
+    p = torch.softmax(scores.float(), -1).to(dtype)
+    out = torch.empty(3, tokens, 16, dtype=dtype, device=DEV)
+    persistent.launch(p, k, out, None, 1.0, 0.0)
+    assert_close(out, (p.float() @ k.float()).to(dtype), reduce_size=tokens)
 
 
 def test_eligible_needs_the_device_feature() -> None:

@@ -257,18 +257,22 @@ against the portable kernel (``.ci/head_probe.py``) they keep the portable route
 
 def _described(t: Tensor, layout: tuple[bool, int, bool]) -> bool:
     """Whether a tensor descriptor can take ``t`` (of layout ``layout``): an aligned
-    stride and a 16-byte aligned base."""
+    stride, a 16-byte aligned base and, for a batch of several, batch entries that
+    start on 16-byte boundaries (ViT's 197x197 scores do not: pointers take them)."""
+    if t.dim() == 3 and t.shape[0] > 1 and t.stride(0) * t.element_size() % 16:
+        return False
     return layout[2] and t.data_ptr() % 16 == 0
 
 
 def eligible(a: Tensor, b: Tensor, c: Tensor, device: gemshal.Device | None = None) -> bool:
     """Whether the persistent kernel can serve ``c = a @ b`` here: the device has tensor
     descriptors, the operands are fp16/bf16, each matrix has a unit stride in one
-    dimension (``c`` row-major) and every batch entry starts on a 16-byte boundary.
+    dimension (``c`` row-major) and a batch of several does not share one matrix.
 
-    A matrix whose other stride is a multiple of 16 bytes (and whose base is 16-byte
-    aligned) is read or written through a tensor descriptor, any other through pointers
-    (a language-model head over a vocabulary of 50257 or 30522 columns) when
+    A matrix whose other stride is a multiple of 16 bytes (and whose base, and each
+    batch entry, start on 16-byte boundaries) is read or written through a tensor
+    descriptor, any other through pointers (a language-model head over a vocabulary of
+    50257 or 30522 columns, ViT's batches of 197x197 scores) when
     :data:`POINTER_OPERANDS` is on; at least one matrix must take a descriptor, or the
     portable kernel serves the product."""
     if a.dtype not in _DTYPES:
@@ -277,11 +281,8 @@ def eligible(a: Tensor, b: Tensor, c: Tensor, device: gemshal.Device | None = No
         return False
     described = 0
     for t in (a, b, c):
-        # A batch entry starts on a 16-byte boundary; a shared matrix (batch stride 0)
-        # is left to the portable kernel.
-        if t.dim() == 3 and t.shape[0] > 1 and (
-            t.stride(0) <= 0 or t.stride(0) * t.element_size() % 16
-        ):
+        # A shared matrix (batch stride 0) is left to the portable kernel.
+        if t.dim() == 3 and t.shape[0] > 1 and t.stride(0) <= 0:
             return False
         layout = _layout(t)
         if layout is None:
