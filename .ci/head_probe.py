@@ -11,6 +11,8 @@ and against the portable kernel with SPLIT_K a category of its table lookup.
 
     python3 .ci/head_probe.py [--quick]
 
+``--quick``: BERT's heads only, and no sweep of every config.
+
 The native replay is off and the replay memo is cleared between routes, so each route's
 time is its own kernel's.
 """
@@ -49,6 +51,7 @@ def products(t: int, vocab: int, h: int = 768):
     return [("fwd", x, w.t()), ("dx", dy, w), ("dw", dy.t(), x)]
 
 
+sweeps = []  # (label, a, b, want, torch_us): every config, after the other products
 for model, t, vocab in CASES:
     h = 2048 if model.startswith("llama") else 768
     for what, a, b in products(t, vocab, h):
@@ -68,30 +71,7 @@ for model, t, vocab in CASES:
                 ok = (got.float() - want.float()).abs().max().item() < 0.05
                 us = graph_us(run)
                 row.append(f"{label} {us:.1f} ({torch_us / us:.2f}x{'' if ok else ' WRONG'})")
-            c = torch.empty_like(want)
-            grid, args, consts = persistent.plan(a, b, c, None, 1.0, 0.0)
-            # Every config only where a matrix goes through pointers (Llama's aligned
-            # head is the reference; its configs are the tables' business).
-            if persistent.eligible(a, b, c) and not all(
-                    consts[k] for k in ("A_DESC", "B_DESC", "C_DESC")):
-                kern = persistent._mm_persistent_kernel
-                gemshal.ensure_scratch_allocator()
-                best = None
-                for config in kern.configs_for_current_device():
-                    kw = {**consts, **config.to_triton().all_kwargs()}
-                    try:
-                        fn = kern.fn
-                        def go(fn=fn, kw=kw):
-                            fn[grid](*args, **kw)
-                        go()
-                        us = graph_us(go)
-                    except Exception as exc:  # a config that does not fit: say so
-                        row.append(f"[{config}: {type(exc).__name__}]")
-                        continue
-                    if best is None or us < best[0]:
-                        best = (us, str(config))
-                if best:
-                    row.append(f"best config {best[0]:.1f} ({torch_us / best[0]:.2f}x) {best[1]}")
+            sweeps.append((f"{model} {what}", a, b, want, torch_us))
         print("; ".join(row), flush=True)
 
 
@@ -135,3 +115,38 @@ for what, a, b in cases:
             row.append(f"{label} {us:.1f} ({torch_us / us:.2f}x{'' if ok else ' WRONG'})")
     with_categories(False)
     print("; ".join(row), flush=True)
+
+
+# Every config of the persistent entry where a head's matrix goes through pointers (the
+# best one says whether a table row would help); skipped with --quick.
+persistent.POINTER_OPERANDS = True
+for label, a, b, want, torch_us in [] if QUICK else sweeps:
+    row = [f"{label} configs"]
+    with gemsops.use_gems():
+        c = torch.empty_like(want)
+        grid, args, consts = persistent.plan(a, b, c, None, 1.0, 0.0)
+        # Every config only where a matrix goes through pointers (Llama's aligned
+        # head is the reference; its configs are the tables' business).
+        if persistent.eligible(a, b, c) and not all(
+                consts[k] for k in ("A_DESC", "B_DESC", "C_DESC")):
+            kern = persistent._mm_persistent_kernel
+            gemshal.ensure_scratch_allocator()
+            best = None
+            for config in kern.configs_for_current_device():
+                kw = {**consts, **config.to_triton().all_kwargs()}
+                try:
+                    fn = kern.fn
+                    def go(fn=fn, kw=kw):
+                        fn[grid](*args, **kw)
+                    go()
+                    us = graph_us(go)
+                except Exception as exc:  # a config that does not fit: say so
+                    row.append(f"[{config}: {type(exc).__name__}]")
+                    continue
+                if best is None or us < best[0]:
+                    best = (us, str(config))
+            if best:
+                row.append(f"best config {best[0]:.1f} ({torch_us / best[0]:.2f}x) {best[1]}")
+
+    print("; ".join(row), flush=True)
+persistent.POINTER_OPERANDS = False
