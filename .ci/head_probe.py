@@ -51,6 +51,32 @@ def products(t: int, vocab: int, h: int = 768):
     return [("fwd", x, w.t()), ("dx", dy, w), ("dw", dy.t(), x)]
 
 
+def with_categories(on: bool) -> None:
+    """The portable kernel's table lookup with SPLIT_K a category (on) or a size (off)."""
+    MM._mm_kernel.categories = frozenset({"SPLIT_K"} if on else ())
+    gemshal.tune.clear_cache()  # a new tuning generation: the kernel chooses again
+    replay.clear()  # the replay memo keeps the route it first saw
+
+
+def routes(run, want, torch_us, which) -> list[str]:
+    """``run()`` under use_gems by each (label, pointer operands, SPLIT_K category) route:
+    its graph-replay time against torch's, and whether it matches ``want``."""
+    out = []
+    tol = 0.05 + 1e-2 * want.float().abs().max().item()
+    with gemsops.use_gems():
+        for label, pointers, categories in which:
+            persistent.POINTER_OPERANDS = pointers
+            with_categories(categories)
+            with waiting():
+                got = run()
+            ok = (got.float() - want.float()).abs().max().item() < tol
+            us = graph_us(run)
+            out.append(f"{label} {us:.1f} ({torch_us / us:.2f}x{'' if ok else ' WRONG'})")
+    persistent.POINTER_OPERANDS = False
+    with_categories(False)
+    return out
+
+
 sweeps = []  # (label, a, b, want, torch_us): every config, after the other products
 for model, t, vocab in CASES:
     h = 2048 if model.startswith("llama") else 768
@@ -62,16 +88,8 @@ for model, t, vocab in CASES:
 
         torch_us = graph_us(run)
         row = [f"{model} {what} {a.shape[0]}x{b.shape[1]}x{a.shape[1]}: torch {torch_us:.1f}"]
-        with gemsops.use_gems():
-            for label, pointers in (("portable", False), ("pointers", True)):
-                persistent.POINTER_OPERANDS = pointers
-                replay.clear()  # the replay memo keeps the route it first saw
-                with waiting():
-                    got = run()
-                ok = (got.float() - want.float()).abs().max().item() < 0.05
-                us = graph_us(run)
-                row.append(f"{label} {us:.1f} ({torch_us / us:.2f}x{'' if ok else ' WRONG'})")
-            sweeps.append((f"{model} {what}", a, b, want, torch_us))
+        row += routes(run, want, torch_us, (("portable", False, False), ("pointers", True, False)))
+        sweeps.append((f"{model} {what}", a, b, want, torch_us))
         print("; ".join(row), flush=True)
 
 
@@ -79,12 +97,6 @@ for model, t, vocab in CASES:
 # and 768-wide decode linears (4 and 16 rows). The portable kernel's picks there come
 # from rows of another SPLIT_K (docs/performance.md, twenty-fourth session); "category"
 # is the same route with SPLIT_K declared a category (only rows of the call's split).
-def with_categories(on: bool) -> None:
-    MM._mm_kernel.categories = frozenset({"SPLIT_K"} if on else ())
-    gemshal.tune.clear_cache()  # a new tuning generation: the kernel chooses again
-    replay.clear()
-
-
 q = torch.randn(384, 197, 64, device="cuda", dtype=BF16)
 k = torch.randn(384, 197, 64, device="cuda", dtype=BF16)
 p = torch.softmax(torch.randn(384, 197, 197, device="cuda", dtype=BF16), -1)
@@ -101,19 +113,8 @@ for what, a, b in cases:
 
     torch_us = graph_us(run)
     row = [f"{what} {tuple(a.shape)}@{tuple(b.shape)}: torch {torch_us:.1f}"]
-    with gemsops.use_gems():
-        for label, pointers, categories in (("portable", False, False),
-                                            ("category", False, True),
-                                            ("pointers", True, False)):
-            persistent.POINTER_OPERANDS = pointers
-            with_categories(categories)
-            with waiting():
-                got = run()
-            tol = 0.05 + 1e-2 * want.float().abs().max().item()
-            ok = (got.float() - want.float()).abs().max().item() < tol
-            us = graph_us(run)
-            row.append(f"{label} {us:.1f} ({torch_us / us:.2f}x{'' if ok else ' WRONG'})")
-    with_categories(False)
+    row += routes(run, want, torch_us, (("portable", False, False), ("category", False, True),
+                                        ("pointers", True, False)))
     print("; ".join(row), flush=True)
 
 

@@ -38,6 +38,7 @@ from torch.nn import functional as F
 
 import gemshal
 from gemsops import registry
+from gemsops.bench_cases import Thunk
 from gemsops.bench_sides import flag_gems, sides_of
 
 __all__ = [
@@ -49,8 +50,6 @@ __all__ = [
     "measure_host",
     "report",
 ]
-
-Thunk = Callable[[], Any]
 
 
 def host_cases(dev: torch.device) -> dict[str, Thunk]:
